@@ -1,0 +1,379 @@
+// Package topology is meshlet's planner: a pure function from a snapshot of
+// the clusters (nodes, Kilo peers, ClusterMesh entries) to one node's desired
+// network state. It performs no I/O, reads no clock (time comes in the
+// snapshot) and imports no client-go, netlink or wgctrl, so every Kilo
+// compatibility rule can be table-tested here.
+package topology
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Key is a WireGuard key (Curve25519, 32 bytes), wire-compatible with
+// wgtypes.Key.
+type Key [32]byte
+
+// ParseKey decodes a base64 WireGuard key of exactly 32 bytes.
+func ParseKey(s string) (Key, error) {
+	var k Key
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return k, fmt.Errorf("invalid base64 key: %w", err)
+	}
+	if len(b) != len(k) {
+		return k, fmt.Errorf("key must be 32 bytes, got %d", len(b))
+	}
+	copy(k[:], b)
+	return k, nil
+}
+
+// String returns the key in WireGuard's base64 form.
+func (k Key) String() string { return base64.StdEncoding.EncodeToString(k[:]) }
+
+// IsZero reports whether the key is unset.
+func (k Key) IsZero() bool { return k == Key{} }
+
+// Granularity is Kilo's --mesh-granularity.
+type Granularity string
+
+const (
+	GranularityLocation Granularity = "location"
+	GranularityFull     Granularity = "full"
+	GranularityCross    Granularity = "cross"
+)
+
+// Encapsulate is Kilo's --encapsulate.
+type Encapsulate string
+
+const (
+	EncapsulateNever       Encapsulate = "never"
+	EncapsulateCrossSubnet Encapsulate = "crosssubnet"
+	EncapsulateAlways      Encapsulate = "always"
+)
+
+// Compatibility is Kilo's --compatibility.
+type Compatibility string
+
+const (
+	CompatibilityNone   Compatibility = ""
+	CompatibilityCilium Compatibility = "cilium"
+)
+
+// Settings are the agent's flags that shape the plan.
+type Settings struct {
+	Interface     string        // default "kilo0"
+	Granularity   Granularity   // default location
+	Subnet        netip.Prefix  // mesh subnet, default 10.4.0.0/16
+	Port          int           // listen port, default 51820
+	Encapsulate   Encapsulate   // default always (Kilo's default)
+	Local         bool          // --local: routes inside a location
+	Compatibility Compatibility // "" or cilium
+	TopologyLabel string        // default topology.kubernetes.io/region
+	ServiceCIDRs  []netip.Prefix
+	// ClusterName selects this cluster's entry in ClusterMesh objects; empty
+	// means the entry marked local.
+	ClusterName string
+	// MTU is the WireGuard interface MTU; 0 means auto (underlay − 80), which
+	// the link actuator resolves.
+	MTU int
+}
+
+// Self holds the facts about this node that no Kubernetes object holds.
+type Self struct {
+	Name string
+	// PrivateIP is the node's private address with its subnet mask, e.g.
+	// 192.168.1.34/24 (from --internal-cidr or the default route's interface).
+	PrivateIP netip.Prefix
+	// PrivateInterface is the underlay interface carrying PrivateIP.
+	PrivateInterface string
+	// CiliumHostIP is the IPv4 address of cilium_host, if any.
+	CiliumHostIP netip.Prefix
+	// Endpoint is the host:port this node advertises (force-endpoint wins).
+	Endpoint string
+	// PublicKey is this node's WireGuard public key.
+	PublicKey Key
+	// TunnelDevice is the IPIP device present on the node: "cilium_tunl",
+	// "tunl0" or "" when none exists yet.
+	TunnelDevice string
+	// DeviceEndpoints are the endpoints the local WireGuard device learned, by
+	// peer key; they become this node's discovered-endpoints annotation.
+	DeviceEndpoints map[Key]netip.AddrPort
+}
+
+// Node is one Kubernetes node as the planner needs it, already parsed from
+// its annotations (see agent/kilo). Malformed annotations never reach here.
+type Node struct {
+	Name   string
+	Labels map[string]string // only labels the planner may use (topology, selectors)
+	// LocationAnnotation is kilo.squat.ai/location ("" = use the topology label).
+	LocationAnnotation string
+	Leader             bool // kilo.squat.ai/leader present
+	// Endpoint is the endpoint annotation (force-endpoint already applied).
+	Endpoint string
+	// ForceEndpoint is kilo.squat.ai/force-endpoint, kept separately for the
+	// remote endpoint chain.
+	ForceEndpoint string
+	// ClusterMeshEndpoint is kilo.squat.ai/clustermesh-endpoint.
+	ClusterMeshEndpoint string
+	ExternalIPs         []netip.Addr
+	InternalIP          netip.Prefix // zero = none
+	PublicKey           Key
+	WireGuardIP         netip.Prefix // zero = none
+	PodCIDRs            []netip.Prefix
+	LastSeen            time.Time // zero = never
+	PersistentKeepalive int       // seconds
+	AllowedLocationIPs  []netip.Prefix
+	DiscoveredEndpoints map[Key]netip.AddrPort
+	Granularity         Granularity
+	CNICompatibilityIP  netip.Prefix // cilium_host IP, zero = none
+	// Ready is the node's kubelet Ready condition (true when unknown).
+	Ready bool
+}
+
+// KeepaliveRule is one entry of a Peer's meshlet.io/node-persistent-keepalive
+// annotation: the first rule matching this node gives the keepalive.
+type KeepaliveRule struct {
+	Value        int
+	Location     string
+	NodeSelector map[string]string
+}
+
+// Peer is one Kilo Peer object, validated.
+type Peer struct {
+	Name                string
+	AllowedIPs          []netip.Prefix
+	Endpoint            string // host:port, "" = none
+	PersistentKeepalive int
+	PresharedKey        *Key
+	PublicKey           Key
+	NodeKeepalive       []KeepaliveRule
+}
+
+// MeshCluster is one entry of a ClusterMesh's spec.clusters.
+type MeshCluster struct {
+	Name                string
+	Local               bool
+	AllowedNetworks     []netip.Prefix
+	WireGuardPort       int
+	PersistentKeepalive int
+}
+
+// Mesh is one validated ClusterMesh object.
+type Mesh struct {
+	Namespace string
+	Name      string
+	Clusters  []MeshCluster
+}
+
+// RemoteCluster is what a leader's watcher knows of one remote cluster.
+type RemoteCluster struct {
+	Name  string
+	Nodes []Node
+	Peers []Peer
+	// Synced is false until the watcher has listed the cluster once; an
+	// unsynced cluster contributes only its allowedNetworks routes.
+	Synced bool
+}
+
+// Snapshot is everything the planner reads.
+type Snapshot struct {
+	Now      time.Time
+	Settings Settings
+	Nodes    []Node // local cluster
+	Peers    []Peer // local cluster
+	Meshes   []Mesh
+	Remotes  []RemoteCluster
+	// Rejections found while turning objects into this snapshot; the planner
+	// passes them through so the plan lists every rejection.
+	Rejections []Rejection
+}
+
+// PeerKind tells where a WireGuard peer comes from.
+type PeerKind string
+
+const (
+	KindSegment PeerKind = "segment"
+	KindPeer    PeerKind = "peer"
+	KindRemote  PeerKind = "remote"
+)
+
+// KeepaliveSource says which rule of the keepalive precedence chose a value.
+type KeepaliveSource string
+
+const (
+	KeepaliveNone           KeepaliveSource = ""
+	KeepalivePeerAnnotation KeepaliveSource = "peer-annotation"
+	KeepalivePeerSpec       KeepaliveSource = "peer-spec"
+	KeepaliveRemoteCluster  KeepaliveSource = "remote-cluster"
+	KeepaliveLocalCluster   KeepaliveSource = "local-cluster"
+	KeepaliveNodeAnnotation KeepaliveSource = "node-annotation"
+)
+
+// WireGuardPeer is one desired peer of the WireGuard device.
+type WireGuardPeer struct {
+	Name      string   `json:"name"`
+	Kind      PeerKind `json:"kind"`
+	Cluster   string   `json:"cluster,omitempty"`
+	Location  string   `json:"location,omitempty"`
+	PublicKey Key      `json:"publicKey"`
+	// Endpoint is "host:port" (host may be a DNS name) or "" for none.
+	Endpoint            string          `json:"endpoint"`
+	EndpointSource      string          `json:"endpointSource,omitempty"`
+	AllowedIPs          []netip.Prefix  `json:"allowedIPs"`
+	PersistentKeepalive int             `json:"persistentKeepalive"`
+	KeepaliveSource     KeepaliveSource `json:"keepaliveSource,omitempty"`
+	PresharedKey        *Key            `json:"-"`
+	// Roaming peers (keepalive > 0 or no configured endpoint) keep the
+	// endpoint their device learned: the actuator must not overwrite it.
+	Roaming bool `json:"roaming"`
+}
+
+// Device is the desired WireGuard device.
+type Device struct {
+	Interface  string          `json:"interface"`
+	ListenPort int             `json:"listenPort"`
+	MTU        int             `json:"mtu,omitempty"` // 0 = auto
+	Up         bool            `json:"up"`
+	Addresses  []netip.Prefix  `json:"addresses"`
+	Peers      []WireGuardPeer `json:"peers"`
+}
+
+// Route is one desired route. Table 0 means main.
+type Route struct {
+	Dst    netip.Prefix `json:"dst"`
+	Gw     netip.Addr   `json:"gw,omitzero"`
+	Dev    string       `json:"dev,omitempty"`
+	Src    netip.Addr   `json:"src,omitzero"`
+	Table  int          `json:"table,omitempty"`
+	OnLink bool         `json:"onlink,omitempty"`
+}
+
+// Rule is one desired policy routing rule.
+type Rule struct {
+	Iif   string       `json:"iif,omitempty"`
+	Src   netip.Prefix `json:"src,omitzero"`
+	Dst   netip.Prefix `json:"dst,omitzero"`
+	Table int          `json:"table"`
+}
+
+// Tunnel is the IPIP device the plan routes through.
+type Tunnel struct {
+	// Name is the device the routes use ("cilium_tunl" or "tunl0"); "" when
+	// the plan needs no tunnel.
+	Name string `json:"name,omitempty"`
+	// Create asks the actuator to create tunl0 when it does not exist.
+	Create bool `json:"create,omitempty"`
+}
+
+// NAT is the desired MASQUERADE setup: traffic from Sources is masqueraded
+// unless it goes to one of Exceptions.
+type NAT struct {
+	Sources    []netip.Prefix `json:"sources"`
+	Exceptions []netip.Prefix `json:"exceptions"`
+}
+
+// Reason classifies a rejection (also the metric label).
+type Reason string
+
+// ObjectRef names the Kubernetes object a rejection is about.
+type ObjectRef struct {
+	Kind      string `json:"kind"`                // Node, Peer, ClusterMesh
+	Cluster   string `json:"cluster,omitempty"`   // "" = local
+	Namespace string `json:"namespace,omitempty"` // ClusterMesh only
+	Name      string `json:"name"`
+}
+
+func (o ObjectRef) String() string {
+	s := o.Kind + "/"
+	if o.Cluster != "" {
+		s = o.Cluster + ":" + s
+	}
+	if o.Namespace != "" {
+		s += o.Namespace + "/"
+	}
+	return s + o.Name
+}
+
+// Rejection is input the planner refused, with the reason.
+type Rejection struct {
+	Object  ObjectRef `json:"object"`
+	Field   string    `json:"field,omitempty"`
+	Reason  Reason    `json:"reason"`
+	Message string    `json:"message"`
+}
+
+// Plan is one node's desired network state.
+type Plan struct {
+	Node        string            `json:"node"`
+	Cluster     string            `json:"cluster,omitempty"`
+	Leader      bool              `json:"leader"`
+	Segment     string            `json:"segment"`
+	Location    string            `json:"location,omitempty"`
+	WireGuardIP netip.Prefix      `json:"wireguardIP,omitzero"`
+	WireGuard   Device            `json:"wireguard"`
+	Routes      []Route           `json:"routes"`
+	Rules       []Rule            `json:"rules"`
+	Tunnel      Tunnel            `json:"tunnel"`
+	NAT         NAT               `json:"nat"`
+	Annotations map[string]string `json:"annotations"`
+	Rejections  []Rejection       `json:"rejections"`
+	// Segments describes the computed topology, for people and kgctl-like
+	// output.
+	Segments []SegmentInfo `json:"segments"`
+	// Remotes lists the remote clusters this node routes to.
+	Remotes []RemoteInfo `json:"remotes,omitempty"`
+}
+
+// SegmentInfo is one segment of the local cluster's topology.
+type SegmentInfo struct {
+	Name        string       `json:"name"`
+	Location    string       `json:"location"`
+	Leader      string       `json:"leader"`
+	Nodes       []string     `json:"nodes"`
+	WireGuardIP netip.Prefix `json:"wireguardIP,omitzero"`
+}
+
+// RemoteInfo summarises one remote cluster in the plan.
+type RemoteInfo struct {
+	Cluster         string         `json:"cluster"`
+	Mesh            string         `json:"mesh"`
+	AllowedNetworks []netip.Prefix `json:"allowedNetworks"`
+	Leaders         []string       `json:"leaders"`
+	Synced          bool           `json:"synced"`
+}
+
+// MarshalText encodes the key as base64, so JSON and YAML show the usual form.
+func (k Key) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText decodes a base64 key.
+func (k *Key) UnmarshalText(b []byte) error {
+	p, err := ParseKey(string(b))
+	if err != nil {
+		return err
+	}
+	*k = p
+	return nil
+}
+
+// Reasons for rejections. They are stable: they label
+// meshlet_rejections_total and Kubernetes Events.
+const (
+	ReasonInvalidKey           Reason = "InvalidKey"
+	ReasonInvalidCIDR          Reason = "InvalidCIDR"
+	ReasonInvalidEndpoint      Reason = "InvalidEndpoint"
+	ReasonInvalidAnnotation    Reason = "InvalidAnnotation"
+	ReasonInvalidPeer          Reason = "InvalidPeer"
+	ReasonInvalidClusterMesh   Reason = "InvalidClusterMesh"
+	ReasonNetworksOverlap      Reason = "NetworksOverlap"
+	ReasonOutsideAllowed       Reason = "OutsideAllowedNetworks"
+	ReasonOverlapsLocal        Reason = "OverlapsLocalCluster"
+	ReasonDefaultRoute         Reason = "DefaultRoute"
+	ReasonDuplicateKey         Reason = "DuplicatePublicKey"
+	ReasonDuplicateWireGuardIP Reason = "DuplicateWireGuardIP"
+	ReasonOwnKey               Reason = "OwnKey"
+	ReasonDuplicateAllowedIP   Reason = "DuplicateAllowedIP"
+	ReasonNoPublicKey          Reason = "NoPublicKey"
+)
