@@ -1,0 +1,91 @@
+package topology
+
+import (
+	"encoding/json"
+	"net/netip"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Kilo's annotation keys (kilo.squat.ai/...), plus the multi-cluster and
+// meshlet ones. Parsing lives in agent/kilo; formatting lives here because
+// the planner decides what this node publishes.
+const (
+	AnnotationPrefix = "kilo.squat.ai/"
+
+	// Set by users.
+	AnnotationLocation            = AnnotationPrefix + "location"
+	AnnotationLeader              = AnnotationPrefix + "leader"
+	AnnotationForceEndpoint       = AnnotationPrefix + "force-endpoint"
+	AnnotationForceInternalIP     = AnnotationPrefix + "force-internal-ip"
+	AnnotationPersistentKeepalive = AnnotationPrefix + "persistent-keepalive"
+	AnnotationAllowedLocationIPs  = AnnotationPrefix + "allowed-location-ips"
+
+	// Written by the node agent.
+	AnnotationEndpoint            = AnnotationPrefix + "endpoint"
+	AnnotationInternalIP          = AnnotationPrefix + "internal-ip"
+	AnnotationKey                 = AnnotationPrefix + "key"
+	AnnotationLastSeen            = AnnotationPrefix + "last-seen"
+	AnnotationWireGuardIP         = AnnotationPrefix + "wireguard-ip"
+	AnnotationDiscoveredEndpoints = AnnotationPrefix + "discovered-endpoints"
+	AnnotationGranularity         = AnnotationPrefix + "granularity"
+	AnnotationCNICompatibilityIP  = AnnotationPrefix + "cni-compatibility-ip"
+
+	// kilo-clustermesh-operator: highest-priority endpoint for other clusters.
+	AnnotationClusterMeshEndpoint = AnnotationPrefix + "clustermesh-endpoint"
+
+	// meshlet's per-node keepalive rules on a Peer object.
+	AnnotationNodePersistentKeepalive = "meshlet.io/node-persistent-keepalive"
+)
+
+// DiscoveredEndpoint is one value of the discovered-endpoints annotation; the
+// field names are those of Go's net.UDPAddr, which Kilo marshals.
+type DiscoveredEndpoint struct {
+	IP   string `json:"IP"`
+	Port int    `json:"Port"`
+	Zone string `json:"Zone"`
+}
+
+// FormatPrefix formats a CIDR annotation value; the zero prefix is "".
+func FormatPrefix(p netip.Prefix) string {
+	if !p.IsValid() {
+		return ""
+	}
+	return p.String()
+}
+
+// FormatLastSeen formats the last-seen annotation (unix seconds).
+func FormatLastSeen(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
+
+// FormatDiscoveredEndpoints formats the discovered-endpoints annotation as
+// Kilo does (JSON object keyed by base64 public key). Keys are sorted by
+// encoding/json, so the output is deterministic.
+func FormatDiscoveredEndpoints(m map[Key]netip.AddrPort) string {
+	out := make(map[string]DiscoveredEndpoint, len(m))
+	for k, ap := range m {
+		if !ap.IsValid() {
+			continue
+		}
+		out[k.String()] = DiscoveredEndpoint{IP: ap.Addr().WithZone("").String(), Port: int(ap.Port()), Zone: ap.Addr().Zone()}
+	}
+	b, _ := json.Marshal(out) // map[string]struct of strings and ints cannot fail
+	return string(b)
+}
+
+// FormatAllowedLocationIPs formats the allowed-location-ips annotation.
+func FormatAllowedLocationIPs(ps []netip.Prefix) string {
+	s := make([]string, 0, len(ps))
+	for _, p := range ps {
+		s = append(s, p.String())
+	}
+	sort.Strings(s)
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += v
+	}
+	return out
+}
