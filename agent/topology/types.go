@@ -129,8 +129,15 @@ type Node struct {
 	DiscoveredEndpoints map[Key]netip.AddrPort
 	Granularity         Granularity
 	CNICompatibilityIP  netip.Prefix // cilium_host IP, zero = none
-	// Ready is the node's kubelet Ready condition (true when unknown).
+	// Ready is the node's kubelet Ready condition (true when unknown). Kilo's
+	// topology ignores it (readiness is annotations + last-seen), so the
+	// planner does too, to agree with kg nodes; it is kept for display.
 	Ready bool
+	// MalformedEndpoint is set when an endpoint annotation that another
+	// cluster would use (clustermesh-endpoint, force-endpoint) is present but
+	// does not parse: such a node is skipped as a remote leader rather than
+	// silently falling through to a lower-priority endpoint.
+	MalformedEndpoint bool
 }
 
 // KeepaliveRule is one entry of a Peer's meshlet.io/node-persistent-keepalive
@@ -176,6 +183,11 @@ type RemoteCluster struct {
 	// Synced is false until the watcher has listed the cluster once; an
 	// unsynced cluster contributes only its allowedNetworks routes.
 	Synced bool
+	// ObservedAt is the time up to which Nodes are known to be current. The
+	// agent advances it while the watch is healthy and freezes it while the
+	// remote API is unreachable, so last-seen ages do not grow during an
+	// outage and no remote leader is dropped because of it. Zero = Now.
+	ObservedAt time.Time
 }
 
 // Snapshot is everything the planner reads.
@@ -271,7 +283,12 @@ type Tunnel struct {
 // NAT is the desired MASQUERADE setup: traffic from Sources is masqueraded
 // unless it goes to one of Exceptions.
 type NAT struct {
-	Sources    []netip.Prefix `json:"sources"`
+	// Sources: POSTROUTING jumps to the chain for traffic from these.
+	Sources []netip.Prefix `json:"sources"`
+	// Destinations: POSTROUTING jumps to the chain for traffic to these
+	// (this location's allowed-location-ips, as Kilo does).
+	Destinations []netip.Prefix `json:"destinations,omitempty"`
+	// Exceptions: the chain RETURNs (no masquerade) for these destinations.
 	Exceptions []netip.Prefix `json:"exceptions"`
 }
 

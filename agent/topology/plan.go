@@ -1,0 +1,652 @@
+package topology
+
+import (
+	"net/netip"
+	"sort"
+	"time"
+)
+
+// Kilo's constants that other nodes rely on.
+const (
+	// KiloTable is the routing table for return traffic through the tunnel.
+	KiloTable = 1107
+	// readyWindow: a node whose last-seen is older than this is not Ready
+	// (Kilo: twice the 30 s check-in period).
+	readyWindow = 60 * time.Second
+
+	locationPrefix = "location:"
+	nodePrefix     = "node:"
+)
+
+// segment is one unit of the local topology that shares a WireGuard IP.
+type segment struct {
+	key string // "location:<name>" or "node:<name>"
+	// location is the node location the segment belongs to; in cross
+	// granularity segments of one location reach each other without WireGuard.
+	location string
+	nodes    []*Node // sorted by name
+	leader   int
+	wgIP     netip.Addr
+	// allowedLocationIPs after Kilo's overlap filter.
+	allowedLocationIPs []netip.Prefix
+}
+
+func (s *segment) leaderNode() *Node { return s.nodes[s.leader] }
+
+// allowedIPs is what a WireGuard peer for this segment carries: every node's
+// pod CIDRs and internal IP, the segment's WireGuard IP and its
+// allowed-location-ips.
+func (s *segment) allowedIPs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range s.nodes {
+		out = append(out, n.PodCIDRs...)
+		if n.InternalIP.IsValid() {
+			out = append(out, host(n.InternalIP.Addr()))
+		}
+	}
+	if s.wgIP.IsValid() {
+		out = append(out, host(s.wgIP))
+	}
+	return append(out, s.allowedLocationIPs...)
+}
+
+// planner carries the state of one Compute call.
+type planner struct {
+	snap Snapshot
+	set  Settings
+	self Self
+
+	selfNode    *Node
+	selfSegment *segment
+	segments    []*segment
+	peers       []Peer // local Peer objects, validated and de-duplicated
+	discovered  map[Key]netip.AddrPort
+	localPrefix *prefixSet     // prefixes the local cluster owns
+	usedKeys    map[Key]string // WireGuard peer keys already in the plan
+	remotes     []*remote
+
+	plan Plan
+}
+
+// Compute is the planner: it returns the desired network state of node
+// self.Name from the snapshot. It is deterministic: the same input gives the
+// same output, in the same order.
+func Compute(snap Snapshot, self Self) Plan {
+	p := &planner{snap: snap, set: withDefaults(snap.Settings), self: self, usedKeys: map[Key]string{}}
+	p.plan = Plan{
+		Node:        self.Name,
+		Cluster:     p.set.ClusterName,
+		Annotations: map[string]string{},
+		WireGuard:   Device{Interface: p.set.Interface, ListenPort: p.set.Port, MTU: p.set.MTU},
+	}
+	p.plan.Rejections = append(p.plan.Rejections, snap.Rejections...)
+	p.build()
+	p.finish()
+	return p.plan
+}
+
+func withDefaults(s Settings) Settings {
+	if s.Interface == "" {
+		s.Interface = "kilo0"
+	}
+	if s.Granularity == "" {
+		s.Granularity = GranularityLocation
+	}
+	if !s.Subnet.IsValid() {
+		s.Subnet = netip.MustParsePrefix("10.4.0.0/16")
+	}
+	if s.Port == 0 {
+		s.Port = 51820
+	}
+	if s.Encapsulate == "" {
+		s.Encapsulate = EncapsulateAlways
+	}
+	if s.TopologyLabel == "" {
+		s.TopologyLabel = "topology.kubernetes.io/region"
+	}
+	return s
+}
+
+func (p *planner) reject(obj ObjectRef, field string, reason Reason, msg string) {
+	p.plan.Rejections = append(p.plan.Rejections, Rejection{Object: obj, Field: field, Reason: reason, Message: msg})
+}
+
+func (p *planner) build() {
+	p.buildSegments()
+	p.publishAnnotations()
+	if p.selfSegment == nil {
+		// This node is not (yet) part of the mesh, e.g. it has no pod CIDR:
+		// it publishes its annotations and waits.
+		return
+	}
+	p.plan.Leader = p.selfSegment.leaderNode().Name == p.self.Name
+	p.plan.Segment = p.selfSegment.key
+	p.plan.Location = p.selfNode.location(p.set)
+	p.collectDiscovered()
+	p.collectPeers()
+	p.collectLocalPrefixes()
+	if p.plan.Leader {
+		p.plan.WireGuardIP = netip.PrefixFrom(p.selfSegment.wgIP, p.set.Subnet.Bits())
+		p.plan.Annotations[AnnotationWireGuardIP] = p.plan.WireGuardIP.String()
+		p.plan.WireGuard.Up = true
+		p.plan.WireGuard.Addresses = []netip.Prefix{p.plan.WireGuardIP}
+		p.segmentPeers()
+		p.objectPeers()
+	}
+	p.remoteClusters()
+	p.routes()
+	p.nat()
+}
+
+// location is the node's location name: the annotation, else the topology
+// label.
+func (n *Node) location(set Settings) string {
+	if n.LocationAnnotation != "" {
+		return n.LocationAnnotation
+	}
+	return n.Labels[set.TopologyLabel]
+}
+
+// ready is Kilo's readiness rule: endpoint, key, pod CIDR and a fresh
+// last-seen.
+func ready(n *Node, now time.Time) bool {
+	return n.Endpoint != "" && !n.PublicKey.IsZero() && len(n.PodCIDRs) > 0 &&
+		!n.LastSeen.IsZero() && now.Sub(n.LastSeen) < readyWindow
+}
+
+func (p *planner) segmentKey(n *Node) string {
+	switch p.set.Granularity {
+	case GranularityFull, GranularityCross:
+		return nodePrefix + n.Name
+	default:
+		if !n.InternalIP.IsValid() {
+			return nodePrefix + n.Name
+		}
+		return locationPrefix + n.location(p.set)
+	}
+}
+
+// overlaySelf replaces the published facts of this node by the live ones, so
+// the plan is right before the annotations have round-tripped through the
+// API server.
+func (p *planner) overlaySelf(n Node) Node {
+	if !p.self.PublicKey.IsZero() {
+		n.PublicKey = p.self.PublicKey
+	}
+	if p.self.Endpoint != "" {
+		n.Endpoint = p.self.Endpoint
+	}
+	if p.self.PrivateIP.IsValid() {
+		n.InternalIP = p.self.PrivateIP
+	}
+	if p.self.CiliumHostIP.IsValid() {
+		n.CNICompatibilityIP = p.self.CiliumHostIP
+	}
+	n.LastSeen = p.snap.Now
+	return n
+}
+
+func (p *planner) buildSegments() {
+	bySeg := map[string]*segment{}
+	for i := range p.snap.Nodes {
+		n := p.snap.Nodes[i]
+		if n.Name == p.self.Name {
+			n = p.overlaySelf(n)
+		}
+		if !ready(&n, p.snap.Now) {
+			continue
+		}
+		np := &n
+		if n.Name == p.self.Name {
+			p.selfNode = np
+		}
+		k := p.segmentKey(np)
+		s := bySeg[k]
+		if s == nil {
+			s = &segment{key: k, location: np.location(p.set)}
+			bySeg[k] = s
+			p.segments = append(p.segments, s)
+		}
+		s.nodes = append(s.nodes, np)
+	}
+	sort.Slice(p.segments, func(i, j int) bool { return p.segments[i].key < p.segments[j].key })
+	base := p.set.Subnet.Masked().Addr()
+	for i, s := range p.segments {
+		sort.Slice(s.nodes, func(a, b int) bool { return s.nodes[a].Name < s.nodes[b].Name })
+		s.leader = findLeader(s.nodes)
+		ip := addrAdd(base, uint64(i)+1)
+		if ip.IsValid() && p.set.Subnet.Contains(ip) {
+			s.wgIP = ip
+		} else {
+			l := s.leaderNode()
+			p.reject(ObjectRef{Kind: "Node", Name: l.Name}, "wireguard-ip", ReasonInvalidCIDR,
+				"mesh subnet "+p.set.Subnet.String()+" has no address left for segment "+s.key)
+		}
+		if p.selfNode != nil {
+			for _, n := range s.nodes {
+				if n == p.selfNode {
+					p.selfSegment = s
+				}
+			}
+		}
+		loc := s.location
+		if s.key != locationPrefix+loc && p.set.Granularity == GranularityLocation {
+			// A node without internal IP is its own segment and location.
+			loc = s.key
+		}
+		p.plan.Segments = append(p.plan.Segments, SegmentInfo{
+			Name: s.key, Location: loc, Leader: s.leaderNode().Name, Nodes: nodeNames(s.nodes),
+			WireGuardIP: prefixOrZero(s.wgIP, p.set.Subnet.Bits()),
+		})
+	}
+	p.filterAllowedLocationIPs()
+}
+
+func nodeNames(ns []*Node) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = n.Name
+	}
+	return out
+}
+
+func prefixOrZero(a netip.Addr, bits int) netip.Prefix {
+	if !a.IsValid() {
+		return netip.Prefix{}
+	}
+	return netip.PrefixFrom(a, bits)
+}
+
+// findLeader is Kilo's rule, over nodes sorted by name: the first node with
+// the leader annotation and a public endpoint, else the first with the
+// annotation, else the first with a public endpoint, else the first.
+func findLeader(nodes []*Node) int {
+	leaders, public := -1, -1
+	for i, n := range nodes {
+		pub := isPublic(endpointAddr(n.Endpoint))
+		if n.Leader {
+			if pub {
+				return i
+			}
+			if leaders < 0 {
+				leaders = i
+			}
+		}
+		if pub && public < 0 {
+			public = i
+		}
+	}
+	switch {
+	case leaders >= 0:
+		return leaders
+	case public >= 0:
+		return public
+	}
+	return 0
+}
+
+// isPublic mirrors Kilo: any IPv4 outside RFC 1918 and any IPv6 outside
+// fd00::/8 is public; an unknown (DNS) endpoint is not.
+func isPublic(a netip.Addr) bool {
+	if !a.IsValid() {
+		return false
+	}
+	if a.Is4() || a.Is4In6() {
+		b := a.Unmap().As4()
+		switch {
+		case b[0] == 10, b[0] == 172 && b[1]&0xf0 == 16, b[0] == 192 && b[1] == 168:
+			return false
+		}
+		return true
+	}
+	b := a.As16()
+	return b[0] != 0xfd || b[1] != 0x00
+}
+
+// filterAllowedLocationIPs drops allowed-location-ips that overlap another
+// location's, any segment's allowed IPs, a private IP, or a Peer's allowed
+// IPs (Kilo's rule), and reports each.
+func (p *planner) filterAllowedLocationIPs() {
+	raw := make([][]netip.Prefix, len(p.segments))
+	for i, s := range p.segments {
+		seen := map[netip.Prefix]bool{}
+		for _, n := range s.nodes {
+			for _, a := range n.AllowedLocationIPs {
+				if !seen[a] {
+					seen[a] = true
+					raw[i] = append(raw[i], a)
+				}
+			}
+		}
+		sortPrefixes(raw[i])
+	}
+	for i, s := range p.segments {
+	next:
+		for _, ip := range raw[i] {
+			for j, o := range p.segments {
+				if j != i {
+					for _, q := range raw[j] {
+						if ip.Overlaps(q) {
+							p.rejectALIP(s, ip, "overlaps allowed-location-ips of segment "+o.key)
+							continue next
+						}
+					}
+				}
+				for _, n := range o.nodes {
+					for _, c := range n.PodCIDRs {
+						if ip.Overlaps(c) {
+							p.rejectALIP(s, ip, "overlaps pod CIDR of node "+n.Name)
+							continue next
+						}
+					}
+					if n.InternalIP.IsValid() && ip.Contains(n.InternalIP.Addr()) {
+						p.rejectALIP(s, ip, "contains the private IP of node "+n.Name)
+						continue next
+					}
+				}
+			}
+			for _, peer := range p.snap.Peers {
+				for _, a := range peer.AllowedIPs {
+					if ip.Overlaps(a) {
+						p.rejectALIP(s, ip, "overlaps allowed IPs of peer "+peer.Name)
+						continue next
+					}
+				}
+			}
+			s.allowedLocationIPs = append(s.allowedLocationIPs, ip)
+		}
+	}
+}
+
+func (p *planner) rejectALIP(s *segment, ip netip.Prefix, why string) {
+	owner := s.leaderNode().Name
+	for _, n := range s.nodes {
+		for _, a := range n.AllowedLocationIPs {
+			if a == ip {
+				owner = n.Name
+			}
+		}
+	}
+	p.reject(ObjectRef{Kind: "Node", Name: owner}, "allowed-location-ips", ReasonNetworksOverlap, ip.String()+" "+why)
+}
+
+// collectDiscovered gathers endpoints learned from handshakes: this node's
+// live device first, then the discovered-endpoints annotations in segment
+// order (Kilo's order), first wins.
+func (p *planner) collectDiscovered() {
+	p.discovered = map[Key]netip.AddrPort{}
+	add := func(m map[Key]netip.AddrPort) {
+		for k, v := range m {
+			if _, ok := p.discovered[k]; !ok && usableDiscovered(v) {
+				p.discovered[k] = v
+			}
+		}
+	}
+	add(p.self.DeviceEndpoints)
+	add(p.selfNode.DiscoveredEndpoints)
+	for _, s := range p.segments {
+		for _, n := range s.nodes {
+			add(n.DiscoveredEndpoints)
+		}
+	}
+}
+
+func usableDiscovered(ap netip.AddrPort) bool {
+	a := ap.Addr()
+	return ap.IsValid() && ap.Port() != 0 && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsUnspecified()
+}
+
+// collectPeers validates Peer objects as a set: sorted by name, a public key
+// already used (this node's, or an earlier Peer's) is rejected, and an
+// allowed IP claimed by an earlier Peer is dropped (Kilo de-duplicates the
+// same way; meshlet also says so).
+func (p *planner) collectPeers() {
+	peers := append([]Peer(nil), p.snap.Peers...)
+	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
+	claimed := map[netip.Prefix]string{}
+	keys := map[Key]string{}
+	for _, s := range p.segments {
+		keys[s.leaderNode().PublicKey] = "node " + s.leaderNode().Name
+	}
+	for _, peer := range peers {
+		ref := ObjectRef{Kind: "Peer", Name: peer.Name}
+		if peer.PublicKey == p.self.PublicKey && !peer.PublicKey.IsZero() {
+			p.reject(ref, "spec.publicKey", ReasonOwnKey, "peer uses the public key of node "+p.self.Name)
+			continue
+		}
+		if other, ok := keys[peer.PublicKey]; ok {
+			p.reject(ref, "spec.publicKey", ReasonDuplicateKey, "public key already used by "+other)
+			continue
+		}
+		keys[peer.PublicKey] = "peer " + peer.Name
+		var ips []netip.Prefix
+		for _, a := range peer.AllowedIPs {
+			a = a.Masked()
+			if other, ok := claimed[a]; ok {
+				p.reject(ref, "spec.allowedIPs", ReasonDuplicateAllowedIP, a.String()+" already claimed by peer "+other)
+				continue
+			}
+			claimed[a] = peer.Name
+			ips = append(ips, a)
+		}
+		peer.AllowedIPs = ips
+		p.peers = append(p.peers, peer)
+	}
+}
+
+// collectLocalPrefixes lists what the local cluster owns; no remote cluster
+// may claim any of it.
+func (p *planner) collectLocalPrefixes() {
+	var own []netip.Prefix
+	for _, s := range p.segments {
+		for _, n := range s.nodes {
+			own = append(own, n.PodCIDRs...)
+			if n.InternalIP.IsValid() {
+				own = append(own, host(n.InternalIP.Addr()))
+			}
+		}
+		if s.wgIP.IsValid() {
+			own = append(own, host(s.wgIP))
+		}
+		own = append(own, s.allowedLocationIPs...)
+	}
+	for _, peer := range p.peers {
+		own = append(own, peer.AllowedIPs...)
+	}
+	own = append(own, p.set.ServiceCIDRs...)
+	p.localPrefix = newPrefixSet(own)
+}
+
+// roams tells whether a peer's learned endpoint must be kept: Kilo's rule
+// (the peer itself is NATed: its keepalive > 0) extended by meshlet's (this
+// side keeps it alive, or there is no endpoint to configure).
+func roams(ourKeepalive, theirKeepalive int, endpoint string) bool {
+	return ourKeepalive > 0 || theirKeepalive > 0 || endpoint == ""
+}
+
+// endpointFor returns the configured or discovered endpoint of a peer.
+func (p *planner) endpointFor(k Key, configured, source string, roaming bool) (string, string) {
+	if roaming {
+		if d, ok := p.discovered[k]; ok {
+			return d.String(), "discovered"
+		}
+	}
+	if configured == "" {
+		return "", ""
+	}
+	return configured, source
+}
+
+func (p *planner) addPeer(ref ObjectRef, wp WireGuardPeer) bool {
+	if wp.PublicKey == p.self.PublicKey {
+		p.reject(ref, "key", ReasonOwnKey, "peer has this node's public key")
+		return false
+	}
+	if other, ok := p.usedKeys[wp.PublicKey]; ok {
+		p.reject(ref, "key", ReasonDuplicateKey, "public key already used by "+other)
+		return false
+	}
+	p.usedKeys[wp.PublicKey] = string(wp.Kind) + " " + wp.Name
+	wp.AllowedIPs = sortedUnique(wp.AllowedIPs)
+	p.plan.WireGuard.Peers = append(p.plan.WireGuard.Peers, wp)
+	return true
+}
+
+// sameLocation: the segment is reached without WireGuard from this node
+// (its own segment, or in cross granularity a segment of the same location).
+func (p *planner) sameLocation(s *segment) bool {
+	if s == p.selfSegment {
+		return true
+	}
+	return p.set.Granularity == GranularityCross && s.location != "" && s.location == p.selfSegment.location
+}
+
+func (p *planner) segmentPeers() {
+	ka := p.selfNode.PersistentKeepalive
+	for _, s := range p.segments {
+		if p.sameLocation(s) {
+			continue
+		}
+		l := s.leaderNode()
+		roaming := roams(ka, l.PersistentKeepalive, l.Endpoint)
+		ep, src := p.endpointFor(l.PublicKey, l.Endpoint, "annotation", roaming)
+		wp := WireGuardPeer{
+			Name: l.Name, Kind: KindSegment, Location: s.location, PublicKey: l.PublicKey,
+			Endpoint: ep, EndpointSource: src, AllowedIPs: s.allowedIPs(),
+			PersistentKeepalive: ka, Roaming: roaming,
+		}
+		if ka > 0 {
+			wp.KeepaliveSource = KeepaliveNodeAnnotation
+		}
+		p.addPeer(ObjectRef{Kind: "Node", Name: l.Name}, wp)
+	}
+}
+
+// peerKeepalive is precedence rule 1: the Peer's node-persistent-keepalive
+// rules, else its spec, else this node's annotation.
+func (p *planner) peerKeepalive(peer Peer) (int, KeepaliveSource) {
+	loc := p.selfNode.location(p.set)
+	for _, r := range peer.NodeKeepalive {
+		if r.Location != "" && r.Location == loc || len(r.NodeSelector) > 0 && matchLabels(r.NodeSelector, p.selfNode.Labels) {
+			return r.Value, KeepalivePeerAnnotation
+		}
+	}
+	if peer.PersistentKeepalive > 0 {
+		return peer.PersistentKeepalive, KeepalivePeerSpec
+	}
+	if ka := p.selfNode.PersistentKeepalive; ka > 0 {
+		return ka, KeepaliveNodeAnnotation
+	}
+	return 0, KeepaliveNone
+}
+
+func matchLabels(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *planner) objectPeers() {
+	for _, peer := range p.peers {
+		ka, src := p.peerKeepalive(peer)
+		roaming := roams(ka, peer.PersistentKeepalive, peer.Endpoint)
+		ep, esrc := p.endpointFor(peer.PublicKey, peer.Endpoint, "spec", roaming)
+		p.addPeer(ObjectRef{Kind: "Peer", Name: peer.Name}, WireGuardPeer{
+			Name: peer.Name, Kind: KindPeer, PublicKey: peer.PublicKey, Endpoint: ep, EndpointSource: esrc,
+			AllowedIPs: append([]netip.Prefix(nil), peer.AllowedIPs...), PersistentKeepalive: ka,
+			KeepaliveSource: src, PresharedKey: peer.PresharedKey, Roaming: roaming,
+		})
+	}
+}
+
+// publishAnnotations: what this node writes on its own Node object, in
+// Kilo's formats. wireguard-ip is set by build once the role is known.
+func (p *planner) publishAnnotations() {
+	a := p.plan.Annotations
+	if !p.self.PublicKey.IsZero() {
+		a[AnnotationKey] = p.self.PublicKey.String()
+	}
+	a[AnnotationEndpoint] = p.self.Endpoint
+	a[AnnotationInternalIP] = FormatPrefix(p.self.PrivateIP)
+	a[AnnotationLastSeen] = FormatLastSeen(p.snap.Now)
+	a[AnnotationWireGuardIP] = ""
+	a[AnnotationGranularity] = string(p.set.Granularity)
+	a[AnnotationCNICompatibilityIP] = ""
+	if p.set.Compatibility == CompatibilityCilium {
+		a[AnnotationCNICompatibilityIP] = FormatPrefix(p.self.CiliumHostIP)
+	}
+}
+
+// finish sorts what must be deterministic and fills derived output.
+func (p *planner) finish() {
+	pl := &p.plan
+	// discovered-endpoints: what this device learned for roaming peers.
+	disc := map[Key]netip.AddrPort{}
+	for _, wp := range pl.WireGuard.Peers {
+		if ap, ok := p.self.DeviceEndpoints[wp.PublicKey]; ok && wp.Roaming && usableDiscovered(ap) {
+			disc[wp.PublicKey] = ap
+		}
+	}
+	pl.Annotations[AnnotationDiscoveredEndpoints] = FormatDiscoveredEndpoints(disc)
+	sort.SliceStable(pl.WireGuard.Peers, func(i, j int) bool {
+		a, b := pl.WireGuard.Peers[i], pl.WireGuard.Peers[j]
+		if a.Kind != b.Kind {
+			return kindOrder(a.Kind) < kindOrder(b.Kind)
+		}
+		if a.Cluster != b.Cluster {
+			return a.Cluster < b.Cluster
+		}
+		return a.Name < b.Name
+	})
+	pl.Routes = dedupRoutes(pl.Routes)
+	sort.SliceStable(pl.Routes, func(i, j int) bool { return routeLess(pl.Routes[i], pl.Routes[j]) })
+	pl.Rules = dedupRules(pl.Rules)
+	sort.SliceStable(pl.Rules, func(i, j int) bool { return ruleLess(pl.Rules[i], pl.Rules[j]) })
+	sort.SliceStable(pl.Rejections, func(i, j int) bool {
+		a, b := pl.Rejections[i], pl.Rejections[j]
+		if a.Object.String() != b.Object.String() {
+			return a.Object.String() < b.Object.String()
+		}
+		if a.Field != b.Field {
+			return a.Field < b.Field
+		}
+		return a.Message < b.Message
+	})
+	pl.Rejections = dedupRejections(pl.Rejections)
+	if pl.WireGuard.Peers == nil {
+		pl.WireGuard.Peers = []WireGuardPeer{}
+	}
+	if pl.Routes == nil {
+		pl.Routes = []Route{}
+	}
+	if pl.Rules == nil {
+		pl.Rules = []Rule{}
+	}
+	if pl.Rejections == nil {
+		pl.Rejections = []Rejection{}
+	}
+}
+
+func kindOrder(k PeerKind) int {
+	switch k {
+	case KindSegment:
+		return 0
+	case KindPeer:
+		return 1
+	}
+	return 2
+}
+
+func dedupRejections(rs []Rejection) []Rejection {
+	out := rs[:0]
+	for i, r := range rs {
+		if i > 0 && r == rs[i-1] {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}

@@ -1,0 +1,513 @@
+package topology
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+var now = time.Unix(1_800_000_000, 0)
+
+func key(i int) Key {
+	var k Key
+	k[0] = byte(i)
+	k[31] = 0x42
+	return k
+}
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func addr(s string) netip.Addr  { return netip.MustParseAddr(s) }
+func pfxs(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = pfx(s)
+	}
+	return out
+}
+
+// node builds a Ready node: name, location, private IP, endpoint, pod CIDR.
+func node(i int, name, loc, priv, endpoint, pod string) Node {
+	n := Node{
+		Name: name, LocationAnnotation: loc, Endpoint: endpoint, PublicKey: key(i),
+		PodCIDRs: pfxs(pod), LastSeen: now.Add(-5 * time.Second), Ready: true,
+	}
+	if priv != "" {
+		n.InternalIP = pfx(priv)
+	}
+	return n
+}
+
+func selfOf(n Node, iface string) Self {
+	return Self{Name: n.Name, PrivateIP: n.InternalIP, PrivateInterface: iface, Endpoint: n.Endpoint, PublicKey: n.PublicKey}
+}
+
+// threeLocations: a (2 nodes, a-2 has the leader annotation), b (2 nodes,
+// b-2 has a public endpoint), c (1 node).
+func threeLocations() []Node {
+	a1 := node(1, "a-1", "a", "10.0.1.1/24", "10.0.1.1:51820", "10.244.1.0/24")
+	a2 := node(2, "a-2", "a", "10.0.1.2/24", "10.0.1.2:51820", "10.244.2.0/24")
+	a2.Leader = true
+	b1 := node(3, "b-1", "b", "10.0.2.1/24", "10.0.2.1:51820", "10.244.3.0/24")
+	b2 := node(4, "b-2", "b", "10.0.2.2/24", "198.51.100.2:51820", "10.244.4.0/24")
+	c1 := node(5, "c-1", "c", "10.0.3.1/24", "203.0.113.5:51820", "10.244.5.0/24")
+	c1.AllowedLocationIPs = pfxs("192.168.50.0/24")
+	return []Node{a1, a2, b1, b2, c1}
+}
+
+func peerByName(t *testing.T, pl Plan, name string) WireGuardPeer {
+	t.Helper()
+	for _, p := range pl.WireGuard.Peers {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no peer %q in plan; peers: %v", name, peerNames(pl))
+	return WireGuardPeer{}
+}
+
+func peerNames(pl Plan) []string {
+	var out []string
+	for _, p := range pl.WireGuard.Peers {
+		out = append(out, string(p.Kind)+":"+p.Name)
+	}
+	return out
+}
+
+func routeTo(pl Plan, dst string, table int) (Route, bool) {
+	for _, r := range pl.Routes {
+		if r.Dst == pfx(dst) && r.Table == table {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+func hasRejection(pl Plan, obj string, reason Reason) bool {
+	for _, r := range pl.Rejections {
+		if r.Object.String() == obj && r.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+func TestSegmentsLeadersAndWireGuardIPs(t *testing.T) {
+	nodes := threeLocations()
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	want := []SegmentInfo{
+		{Name: "location:a", Location: "a", Leader: "a-2", Nodes: []string{"a-1", "a-2"}, WireGuardIP: pfx("10.4.0.1/16")},
+		{Name: "location:b", Location: "b", Leader: "b-2", Nodes: []string{"b-1", "b-2"}, WireGuardIP: pfx("10.4.0.2/16")},
+		{Name: "location:c", Location: "c", Leader: "c-1", Nodes: []string{"c-1"}, WireGuardIP: pfx("10.4.0.3/16")},
+	}
+	if !reflect.DeepEqual(pl.Segments, want) {
+		t.Fatalf("segments:\n got %+v\nwant %+v", pl.Segments, want)
+	}
+	if !pl.Leader || pl.WireGuardIP != pfx("10.4.0.1/16") || pl.Annotations[AnnotationWireGuardIP] != "10.4.0.1/16" {
+		t.Fatalf("a-2 should lead location a with 10.4.0.1/16: leader=%v ip=%v ann=%q", pl.Leader, pl.WireGuardIP, pl.Annotations[AnnotationWireGuardIP])
+	}
+	b := peerByName(t, pl, "b-2")
+	if b.Endpoint != "198.51.100.2:51820" || b.Kind != KindSegment || b.PublicKey != key(4) {
+		t.Errorf("peer b-2: %+v", b)
+	}
+	wantIPs := pfxs("10.0.2.1/32", "10.0.2.2/32", "10.4.0.2/32", "10.244.3.0/24", "10.244.4.0/24")
+	if !reflect.DeepEqual(b.AllowedIPs, wantIPs) {
+		t.Errorf("b-2 allowed IPs = %v, want %v", b.AllowedIPs, wantIPs)
+	}
+	c := peerByName(t, pl, "c-1")
+	if !reflect.DeepEqual(c.AllowedIPs, pfxs("10.0.3.1/32", "10.4.0.3/32", "10.244.5.0/24", "192.168.50.0/24")) {
+		t.Errorf("c-1 allowed IPs = %v", c.AllowedIPs)
+	}
+	if len(pl.WireGuard.Peers) != 2 {
+		t.Errorf("peers = %v, want b-2 and c-1", peerNames(pl))
+	}
+	// Leader routes: other segments via their WireGuard IP on kilo0, onlink,
+	// src = private IP.
+	r, ok := routeTo(pl, "10.244.3.0/24", 0)
+	if want := (Route{Dst: pfx("10.244.3.0/24"), Gw: addr("10.4.0.2"), Dev: "kilo0", Src: addr("10.0.1.2"), OnLink: true}); !ok || r != want {
+		t.Errorf("route to b-1's pods = %+v, want %+v", r, want)
+	}
+	if r, ok := routeTo(pl, "192.168.50.0/24", 0); !ok || r.Gw != addr("10.4.0.3") {
+		t.Errorf("allowed-location-ips route = %+v %v", r, ok)
+	}
+	if _, ok := routeTo(pl, "10.244.1.0/24", 0); ok {
+		t.Error("leader must not route its own location through WireGuard")
+	}
+
+	// Every node computes the same leaders; a-1 is not a leader.
+	pl1 := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[0], "eth0"))
+	if pl1.Leader || pl1.WireGuard.Up || len(pl1.WireGuard.Peers) != 0 || pl1.Annotations[AnnotationWireGuardIP] != "" {
+		t.Fatalf("a-1 should be a non-leader with kilo0 down and no peers: %+v", pl1.WireGuard)
+	}
+	if !reflect.DeepEqual(pl1.Segments, pl.Segments) {
+		t.Fatal("two nodes disagree on the topology")
+	}
+}
+
+func TestFindLeader(t *testing.T) {
+	mk := func(name, ep string, leader bool) *Node {
+		return &Node{Name: name, Endpoint: ep, Leader: leader}
+	}
+	for _, tc := range []struct {
+		name  string
+		nodes []*Node
+		want  string
+	}{
+		{"first when nothing stands out", []*Node{mk("a", "10.0.0.1:1", false), mk("b", "10.0.0.2:1", false)}, "a"},
+		{"public endpoint wins", []*Node{mk("a", "10.0.0.1:1", false), mk("b", "1.2.3.4:1", false)}, "b"},
+		{"annotation beats public", []*Node{mk("a", "1.2.3.4:1", false), mk("b", "10.0.0.2:1", true)}, "b"},
+		{"annotated and public beats annotated", []*Node{mk("a", "10.0.0.1:1", true), mk("b", "1.2.3.4:1", true)}, "b"},
+		{"DNS endpoint is not public", []*Node{mk("a", "10.0.0.1:1", false), mk("b", "vpn.example.com:1", false)}, "a"},
+		{"IPv6 ULA is private", []*Node{mk("a", "[fd00::1]:1", false), mk("b", "[2001:db8::1]:1", false)}, "b"},
+		{"172.16/12 is private", []*Node{mk("a", "172.20.0.1:1", false), mk("b", "172.32.0.1:1", false)}, "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.nodes[findLeader(tc.nodes)].Name; got != tc.want {
+				t.Errorf("leader = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadiness(t *testing.T) {
+	nodes := threeLocations()
+	stale := nodes[3] // b-2, the public leader of b
+	stale.LastSeen = now.Add(-61 * time.Second)
+	noCIDR := nodes[4]
+	noCIDR.PodCIDRs = nil
+	nodes[3], nodes[4] = stale, noCIDR
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	if got := peerNames(pl); !reflect.DeepEqual(got, []string{"segment:b-1"}) {
+		t.Fatalf("peers = %v: a stale leader fails over to b-1, a node without pod CIDR is out", got)
+	}
+}
+
+func TestGranularity(t *testing.T) {
+	nodes := threeLocations()
+	for _, tc := range []struct {
+		g         Granularity
+		wantPeers []string
+		wantIP    string
+	}{
+		{GranularityFull, []string{"segment:a-1", "segment:b-1", "segment:b-2", "segment:c-1"}, "10.4.0.2/16"},
+		// cross: one segment per node, but no tunnel inside location a.
+		{GranularityCross, []string{"segment:b-1", "segment:b-2", "segment:c-1"}, "10.4.0.2/16"},
+	} {
+		t.Run(string(tc.g), func(t *testing.T) {
+			pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Granularity: tc.g}}, selfOf(nodes[1], "eth0"))
+			if !pl.Leader || pl.Segment != "node:a-2" || pl.WireGuardIP != pfx(tc.wantIP) {
+				t.Fatalf("leader=%v segment=%s ip=%v", pl.Leader, pl.Segment, pl.WireGuardIP)
+			}
+			if got := peerNames(pl); !reflect.DeepEqual(got, tc.wantPeers) {
+				t.Fatalf("peers = %v, want %v", got, tc.wantPeers)
+			}
+			if pl.Annotations[AnnotationGranularity] != string(tc.g) {
+				t.Errorf("granularity annotation = %q", pl.Annotations[AnnotationGranularity])
+			}
+			_, viaWG := routeTo(pl, "10.244.1.0/24", 0)
+			if tc.g == GranularityCross && viaWG {
+				t.Error("cross granularity must not route a-1 through WireGuard")
+			}
+			if tc.g == GranularityFull && !viaWG {
+				t.Error("full granularity routes a-1 through WireGuard")
+			}
+		})
+	}
+}
+
+func TestNodeWithoutInternalIPIsOwnSegment(t *testing.T) {
+	nodes := threeLocations()
+	nodes[0].InternalIP = netip.Prefix{}
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	if len(pl.Segments) != 4 || pl.Segments[3].Name != "node:a-1" {
+		t.Fatalf("segments = %+v", pl.Segments)
+	}
+	peerByName(t, pl, "a-1")
+}
+
+func TestPeerKeepalivePrecedence(t *testing.T) {
+	nodes := threeLocations()
+	laptop := Peer{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), Endpoint: "203.0.113.7:51820", PersistentKeepalive: 25, PublicKey: key(100)}
+	phone := Peer{Name: "phone", AllowedIPs: pfxs("10.5.0.2/32"), PublicKey: key(101)}
+	ruled := Peer{Name: "ruled", AllowedIPs: pfxs("10.5.0.3/32"), PublicKey: key(102), PersistentKeepalive: 25,
+		NodeKeepalive: []KeepaliveRule{{Value: 7, Location: "b"}, {Value: 9, NodeSelector: map[string]string{"tier": "edge"}}, {Value: 11, Location: "a"}}}
+	for _, tc := range []struct {
+		name    string
+		nodeKA  int
+		labels  map[string]string
+		peer    Peer
+		want    int
+		wantSrc KeepaliveSource
+		roaming bool
+	}{
+		// Kilo ignores spec.persistentKeepalive on the nodes; meshlet applies it.
+		{"spec keepalive without node annotation", 0, nil, laptop, 25, KeepalivePeerSpec, true},
+		{"spec wins over node annotation", 10, nil, laptop, 25, KeepalivePeerSpec, true},
+		{"node annotation when spec is 0", 10, nil, phone, 10, KeepaliveNodeAnnotation, true},
+		{"nothing", 0, nil, phone, 0, KeepaliveNone, true},
+		{"first matching rule: selector", 0, map[string]string{"tier": "edge"}, ruled, 9, KeepalivePeerAnnotation, true},
+		{"first matching rule: location", 0, nil, ruled, 11, KeepalivePeerAnnotation, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := append([]Node(nil), nodes...)
+			ns[1].PersistentKeepalive = tc.nodeKA
+			ns[1].Labels = tc.labels
+			pl := Compute(Snapshot{Now: now, Nodes: ns, Peers: []Peer{tc.peer}}, selfOf(ns[1], "eth0"))
+			got := peerByName(t, pl, tc.peer.Name)
+			if got.PersistentKeepalive != tc.want || got.KeepaliveSource != tc.wantSrc || got.Roaming != tc.roaming || got.Kind != KindPeer {
+				t.Fatalf("keepalive=%d (%s) roaming=%v, want %d (%s) %v", got.PersistentKeepalive, got.KeepaliveSource, got.Roaming, tc.want, tc.wantSrc, tc.roaming)
+			}
+			if r, ok := routeTo(pl, tc.peer.AllowedIPs[0].String(), 0); !ok || r.Dev != "kilo0" || r.Gw.IsValid() {
+				t.Errorf("peer route = %+v %v", r, ok)
+			}
+		})
+	}
+}
+
+func TestPeerValidationAsSet(t *testing.T) {
+	nodes := threeLocations()
+	self := selfOf(nodes[1], "eth0")
+	peers := []Peer{
+		{Name: "b", AllowedIPs: pfxs("10.5.0.1/32", "10.5.0.2/32"), PublicKey: key(100)},
+		{Name: "a", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(101)},
+		{Name: "c-dup-key", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(101)},
+		{Name: "d-own-key", AllowedIPs: pfxs("10.5.0.8/32"), PublicKey: self.PublicKey},
+	}
+	pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
+	if got := peerNames(pl); !reflect.DeepEqual(got, []string{"segment:b-2", "segment:c-1", "peer:a", "peer:b"}) {
+		t.Fatalf("peers = %v", got)
+	}
+	if b := peerByName(t, pl, "b"); !reflect.DeepEqual(b.AllowedIPs, pfxs("10.5.0.2/32")) {
+		t.Errorf("peer b keeps only the IP peer a did not claim first: %v", b.AllowedIPs)
+	}
+	for _, want := range []struct {
+		obj    string
+		reason Reason
+	}{{"Peer/b", ReasonDuplicateAllowedIP}, {"Peer/c-dup-key", ReasonDuplicateKey}, {"Peer/d-own-key", ReasonOwnKey}} {
+		if !hasRejection(pl, want.obj, want.reason) {
+			t.Errorf("missing rejection %s %s in %+v", want.obj, want.reason, pl.Rejections)
+		}
+	}
+}
+
+func TestDiscoveredEndpointsForRoamingPeers(t *testing.T) {
+	nodes := threeLocations()
+	// c-1 is behind NAT: it keeps its link alive, a-1 learned where it is.
+	nodes[4].PersistentKeepalive = 25
+	nodes[0].DiscoveredEndpoints = map[Key]netip.AddrPort{
+		key(5): netip.MustParseAddrPort("198.51.100.77:40000"),
+		key(4): netip.MustParseAddrPort("198.51.100.78:40000"), // b-2 does not roam
+	}
+	self := selfOf(nodes[1], "eth0")
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, self)
+	if c := peerByName(t, pl, "c-1"); c.Endpoint != "198.51.100.77:40000" || c.EndpointSource != "discovered" || !c.Roaming {
+		t.Errorf("c-1 = %+v, want the discovered endpoint", c)
+	}
+	if b := peerByName(t, pl, "b-2"); b.Endpoint != "198.51.100.2:51820" || b.Roaming {
+		t.Errorf("b-2 = %+v, want its configured endpoint", b)
+	}
+	// This node's own device wins, and it publishes what it learned for
+	// roaming peers only.
+	self.DeviceEndpoints = map[Key]netip.AddrPort{
+		key(5): netip.MustParseAddrPort("198.51.100.99:41000"),
+		key(4): netip.MustParseAddrPort("198.51.100.2:51820"),
+		key(9): netip.MustParseAddrPort("127.0.0.1:1"),
+	}
+	pl = Compute(Snapshot{Now: now, Nodes: nodes}, self)
+	if c := peerByName(t, pl, "c-1"); c.Endpoint != "198.51.100.99:41000" {
+		t.Errorf("c-1 endpoint = %s, want the device's", c.Endpoint)
+	}
+	want := `{"` + key(5).String() + `":{"IP":"198.51.100.99","Port":41000,"Zone":""}}`
+	if got := pl.Annotations[AnnotationDiscoveredEndpoints]; got != want {
+		t.Errorf("discovered-endpoints = %s, want %s", got, want)
+	}
+}
+
+func TestAnnotationsPublished(t *testing.T) {
+	nodes := threeLocations()
+	self := selfOf(nodes[0], "eth0")
+	self.CiliumHostIP = pfx("10.244.1.1/32")
+	pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Compatibility: CompatibilityCilium}}, self)
+	want := map[string]string{
+		AnnotationKey:                 key(1).String(),
+		AnnotationEndpoint:            "10.0.1.1:51820",
+		AnnotationInternalIP:          "10.0.1.1/24",
+		AnnotationLastSeen:            "1800000000",
+		AnnotationWireGuardIP:         "",
+		AnnotationGranularity:         "location",
+		AnnotationCNICompatibilityIP:  "10.244.1.1/32",
+		AnnotationDiscoveredEndpoints: "{}",
+	}
+	if !reflect.DeepEqual(pl.Annotations, want) {
+		t.Fatalf("annotations:\n got %v\nwant %v", pl.Annotations, want)
+	}
+}
+
+func TestSelfNotReadyPublishesOnly(t *testing.T) {
+	nodes := threeLocations()
+	nodes[0].PodCIDRs = nil
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[0], "eth0"))
+	if pl.Leader || len(pl.WireGuard.Peers) != 0 || len(pl.Routes) != 0 || pl.Annotations[AnnotationKey] == "" {
+		t.Fatalf("a node outside the mesh only publishes its annotations: %+v", pl)
+	}
+}
+
+// ciliumSite is Cozystack's setup: location "a" with leader a-1 and
+// non-leader a-2 (cilium_host IPs published), and remote location "b".
+func ciliumSite() ([]Node, Settings) {
+	a1 := node(1, "a-1", "a", "192.168.1.10/32", "203.0.113.10:51820", "10.244.0.0/24")
+	a1.CNICompatibilityIP = pfx("10.244.0.77/32")
+	a2 := node(2, "a-2", "a", "192.168.1.11/32", "192.168.1.11:51820", "10.244.1.0/24")
+	a2.CNICompatibilityIP = pfx("10.244.1.88/32")
+	b1 := node(3, "b-1", "b", "192.168.2.10/32", "198.51.100.10:51820", "10.244.2.0/24")
+	return []Node{a1, a2, b1}, Settings{
+		Compatibility: CompatibilityCilium, Encapsulate: EncapsulateCrossSubnet, Local: false,
+		Subnet: pfx("100.66.0.0/16"), ServiceCIDRs: pfxs("10.96.0.0/12"),
+	}
+}
+
+func TestCiliumLocalFalseRoutes(t *testing.T) {
+	nodes, set := ciliumSite()
+	for _, tc := range []struct {
+		name       string
+		self       int
+		tunnel     string
+		wantRoutes []Route
+		wantRules  []Rule
+		wantTunnel Tunnel
+	}{
+		{
+			name: "leader", self: 0, tunnel: TunnelCilium,
+			wantRoutes: []Route{
+				{Dst: pfx("10.244.2.0/24"), Gw: addr("100.66.0.2"), Dev: "kilo0", Src: addr("192.168.1.10"), OnLink: true},
+				{Dst: pfx("192.168.2.10/32"), Gw: addr("100.66.0.2"), Dev: "kilo0", Src: addr("192.168.1.10"), OnLink: true},
+				// Replies to the non-leader's private IP return via its
+				// cilium_host IP through the tunnel.
+				{Dst: pfx("192.168.1.11/32"), Gw: addr("10.244.1.88"), Dev: "cilium_tunl", OnLink: true, Table: KiloTable},
+			},
+			wantRules:  []Rule{{Iif: "kilo0", Dst: pfx("192.168.1.11/32"), Table: KiloTable}},
+			wantTunnel: Tunnel{Name: "cilium_tunl"},
+		},
+		{
+			name: "non-leader", self: 1, tunnel: "",
+			wantRoutes: []Route{
+				{Dst: pfx("10.244.2.0/24"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
+				{Dst: pfx("100.66.0.1/32"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
+				{Dst: pfx("100.66.0.2/32"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
+				{Dst: pfx("192.168.2.10/32"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
+			},
+			wantRules:  []Rule{},
+			wantTunnel: Tunnel{Name: "tunl0", Create: true},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			self := selfOf(nodes[tc.self], "eth0")
+			self.TunnelDevice = tc.tunnel
+			pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: set}, self)
+			if !reflect.DeepEqual(pl.Routes, tc.wantRoutes) {
+				t.Errorf("routes:\n got %s\nwant %s", fmtRoutes(pl.Routes), fmtRoutes(tc.wantRoutes))
+			}
+			if !reflect.DeepEqual(pl.Rules, tc.wantRules) {
+				t.Errorf("rules: got %+v want %+v", pl.Rules, tc.wantRules)
+			}
+			if pl.Tunnel != tc.wantTunnel {
+				t.Errorf("tunnel = %+v, want %+v", pl.Tunnel, tc.wantTunnel)
+			}
+		})
+	}
+}
+
+func fmtRoutes(rs []Route) string {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "\n  %v via %v dev %s src %v table %d onlink=%v", r.Dst, r.Gw, r.Dev, r.Src, r.Table, r.OnLink)
+	}
+	return b.String()
+}
+
+func TestIPIPLocalTrueRoutes(t *testing.T) {
+	// IPIP mode, --local=true, --encapsulate=always: routes inside the
+	// location go through the tunnel to each node's private IP, with the
+	// table-1107 return path.
+	nodes := threeLocations()
+	for _, tc := range []struct {
+		name     string
+		self     int
+		wantKilo []Route
+		rules    []Rule
+	}{
+		{"non-leader a-1", 0,
+			[]Route{{Dst: pfx("10.0.1.2/32"), Gw: addr("10.0.1.2"), Dev: "tunl0", OnLink: true, Table: KiloTable}},
+			[]Rule{{Src: pfx("10.244.1.0/24"), Dst: pfx("10.0.1.2/32"), Table: KiloTable}}},
+		{"leader a-2", 1,
+			[]Route{{Dst: pfx("10.0.1.1/32"), Gw: addr("10.0.1.1"), Dev: "tunl0", OnLink: true, Table: KiloTable}},
+			[]Rule{{Iif: "kilo0", Dst: pfx("10.0.1.1/32"), Table: KiloTable}, {Src: pfx("10.244.2.0/24"), Dst: pfx("10.0.1.1/32"), Table: KiloTable}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Local: true}}, selfOf(nodes[tc.self], "eth0"))
+			var kilo []Route
+			for _, r := range pl.Routes {
+				if r.Table == KiloTable {
+					kilo = append(kilo, r)
+				}
+			}
+			if !reflect.DeepEqual(kilo, tc.wantKilo) {
+				t.Errorf("table 1107:%s\nwant%s", fmtRoutes(kilo), fmtRoutes(tc.wantKilo))
+			}
+			if !reflect.DeepEqual(pl.Rules, tc.rules) {
+				t.Errorf("rules = %+v, want %+v", pl.Rules, tc.rules)
+			}
+			other := 1 - tc.self
+			r, ok := routeTo(pl, nodes[other].PodCIDRs[0].String(), 0)
+			if !ok || r.Dev != "tunl0" || r.Gw != nodes[other].InternalIP.Addr() || !r.OnLink || r.Src != nodes[tc.self].InternalIP.Addr() {
+				t.Errorf("route to the other node's pods = %+v", r)
+			}
+		})
+	}
+}
+
+func TestNonLeaderIPIPCrossSubnet(t *testing.T) {
+	nodes := threeLocations()
+	pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Encapsulate: EncapsulateCrossSubnet}}, selfOf(nodes[0], "eth0"))
+	// The leader a-2 is in a-1's subnet: plain route on the underlay.
+	r, ok := routeTo(pl, "10.244.5.0/24", 0)
+	if want := (Route{Dst: pfx("10.244.5.0/24"), Gw: addr("10.0.1.2"), Dev: "eth0", OnLink: true}); !ok || r != want {
+		t.Fatalf("route = %+v, want %+v", r, want)
+	}
+	if pl.Tunnel.Name != "" {
+		t.Errorf("no tunnel needed, got %+v", pl.Tunnel)
+	}
+	for _, d := range []string{"10.4.0.1/32", "10.4.0.2/32", "10.4.0.3/32", "10.0.3.1/32", "192.168.50.0/24"} {
+		if _, ok := routeTo(pl, d, 0); !ok {
+			t.Errorf("non-leader lacks a route to %s", d)
+		}
+	}
+}
+
+func TestAllowedLocationIPOverlapsRejected(t *testing.T) {
+	nodes := threeLocations()
+	nodes[3].AllowedLocationIPs = pfxs("192.168.50.128/25", "10.244.1.0/25") // overlaps c's, and a-1's pods
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	if b := peerByName(t, pl, "b-2"); containedIn(pfx("192.168.50.128/25"), b.AllowedIPs) || containedIn(pfx("10.244.1.0/25"), b.AllowedIPs) {
+		t.Errorf("overlapping allowed-location-ips kept: %v", b.AllowedIPs)
+	}
+	if !hasRejection(pl, "Node/b-2", ReasonNetworksOverlap) {
+		t.Errorf("no rejection: %+v", pl.Rejections)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	nodes := threeLocations()
+	peers := []Peer{{Name: "z", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(90)}, {Name: "y", AllowedIPs: pfxs("10.5.0.8/32"), PublicKey: key(91)}}
+	a := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
+	rev := append([]Node(nil), nodes...)
+	for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
+		rev[i], rev[j] = rev[j], rev[i]
+	}
+	b := Compute(Snapshot{Now: now, Nodes: rev, Peers: []Peer{peers[1], peers[0]}}, selfOf(nodes[1], "eth0"))
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("plan depends on input order")
+	}
+}

@@ -1,0 +1,288 @@
+package topology
+
+import (
+	"net/netip"
+	"sort"
+	"strconv"
+)
+
+// remote is one remote cluster this node routes to.
+type remote struct {
+	mesh  *Mesh
+	local MeshCluster
+	entry MeshCluster
+	// networks are the entry's allowedNetworks that survived the checks
+	// against the local cluster; everything this cluster may claim is inside.
+	networks []netip.Prefix
+	allowed  *prefixSet // networks, indexed
+}
+
+// remoteClusters resolves the ClusterMesh entries into remote clusters, and
+// on a leader turns every remote leader into a WireGuard peer.
+func (p *planner) remoteClusters() {
+	meshes := append([]Mesh(nil), p.snap.Meshes...)
+	sort.Slice(meshes, func(i, j int) bool {
+		if meshes[i].Namespace != meshes[j].Namespace {
+			return meshes[i].Namespace < meshes[j].Namespace
+		}
+		return meshes[i].Name < meshes[j].Name
+	})
+	seen := map[string]bool{}
+	var remotes []*remote
+	for mi := range meshes {
+		m := &meshes[mi]
+		local, ok := localEntry(m, p.set.ClusterName)
+		if !ok {
+			continue // the ClusterMesh validator reports it
+		}
+		entries := append([]MeshCluster(nil), m.Clusters...)
+		sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
+		for _, e := range entries {
+			if e.Name == local.Name || seen[e.Name] {
+				continue
+			}
+			seen[e.Name] = true
+			r := &remote{mesh: m, local: local, entry: e}
+			ref := ObjectRef{Kind: "ClusterMesh", Namespace: m.Namespace, Name: m.Name}
+			for _, n := range e.AllowedNetworks {
+				n = n.Masked()
+				if n.Bits() == 0 {
+					p.reject(ref, "spec.clusters["+e.Name+"].allowedNetworks", ReasonDefaultRoute, n.String()+" is a default route")
+					continue
+				}
+				if o, bad := p.localPrefix.overlapping(n); bad {
+					p.reject(ref, "spec.clusters["+e.Name+"].allowedNetworks", ReasonOverlapsLocal,
+						n.String()+" overlaps the local cluster's "+o.String())
+					continue
+				}
+				r.networks = append(r.networks, n)
+			}
+			r.allowed = newPrefixSet(r.networks)
+			remotes = append(remotes, r)
+		}
+	}
+	p.remotes = remotes
+	for _, r := range remotes {
+		info := RemoteInfo{Cluster: r.entry.Name, Mesh: r.mesh.Namespace + "/" + r.mesh.Name, AllowedNetworks: r.networks}
+		if rc := p.remoteState(r.entry.Name); rc != nil {
+			info.Synced = rc.Synced
+			if p.plan.Leader && rc.Synced {
+				info.Leaders = p.remotePeers(r, rc)
+			}
+		}
+		p.plan.Remotes = append(p.plan.Remotes, info)
+	}
+}
+
+// localEntry finds this cluster's entry: by name when --cluster-name is set,
+// else the entry marked local.
+func localEntry(m *Mesh, name string) (MeshCluster, bool) {
+	for _, c := range m.Clusters {
+		if name != "" && c.Name == name || name == "" && c.Local {
+			return c, true
+		}
+	}
+	return MeshCluster{}, false
+}
+
+func (p *planner) remoteState(name string) *RemoteCluster {
+	for i := range p.snap.Remotes {
+		if p.snap.Remotes[i].Name == name {
+			return &p.snap.Remotes[i]
+		}
+	}
+	return nil
+}
+
+// remoteGroup is a remote leader and the remote nodes it serves.
+type remoteGroup struct {
+	leader *Node
+	nodes  []*Node
+}
+
+// remotePeers adds one WireGuard peer per remote leader and returns their
+// names.
+func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
+	now := rc.ObservedAt
+	if now.IsZero() {
+		now = p.snap.Now
+	}
+	nodes := make([]*Node, 0, len(rc.Nodes))
+	for i := range rc.Nodes {
+		nodes = append(nodes, &rc.Nodes[i])
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+
+	// Leaders are the nodes with a WireGuard IP (kg and meshlet publish it on
+	// segment leaders only); group the others by location behind them.
+	byLoc := map[string][]*Node{}
+	var locs []string
+	wgIPs := map[netip.Addr]string{}
+	for _, n := range nodes {
+		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
+		fresh := !n.LastSeen.IsZero() && now.Sub(n.LastSeen) < readyWindow
+		if !fresh || n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 {
+			continue
+		}
+		if n.WireGuardIP.IsValid() {
+			ip := n.WireGuardIP.Addr()
+			if _, in := r.allowed.covering(host(ip)); !in {
+				p.reject(ref, "wireguard-ip", ReasonOutsideAllowed, ip.String()+" is outside the cluster's allowedNetworks")
+				continue
+			}
+			if other, dup := wgIPs[ip]; dup {
+				p.reject(ref, "wireguard-ip", ReasonDuplicateWireGuardIP, ip.String()+" already used by node "+other)
+				continue
+			}
+			wgIPs[ip] = n.Name
+		}
+		loc := n.location(p.set)
+		if _, ok := byLoc[loc]; !ok {
+			locs = append(locs, loc)
+		}
+		byLoc[loc] = append(byLoc[loc], n)
+	}
+	sort.Strings(locs)
+	var groups []*remoteGroup
+	for _, loc := range locs {
+		var gs []*remoteGroup
+		var rest []*Node
+		for _, n := range byLoc[loc] {
+			if n.WireGuardIP.IsValid() {
+				gs = append(gs, &remoteGroup{leader: n, nodes: []*Node{n}})
+			} else {
+				rest = append(rest, n)
+			}
+		}
+		if len(gs) == 0 {
+			continue // no leader published yet: nothing to peer with
+		}
+		// Non-leaders belong to the location's leader; with several leaders
+		// (full granularity, or a node without internal IP) to the first one
+		// that has an internal IP, as Kilo's location segment would.
+		home := gs[0]
+		for _, g := range gs {
+			if g.leader.InternalIP.IsValid() {
+				home = g
+				break
+			}
+		}
+		home.nodes = append(home.nodes, rest...)
+		groups = append(groups, gs...)
+	}
+
+	var names []string
+	first := true
+	for _, g := range groups {
+		l := g.leader
+		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
+		if l.MalformedEndpoint {
+			p.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
+			continue
+		}
+		var ips []netip.Prefix
+		for _, n := range g.nodes {
+			nref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
+			ips = append(ips, p.clip(r, nref, "podCIDRs", n.PodCIDRs)...)
+			if n.InternalIP.IsValid() {
+				ips = append(ips, p.clip(r, nref, "internal-ip", []netip.Prefix{host(n.InternalIP.Addr())})...)
+			}
+			ips = append(ips, p.clip(r, nref, "allowed-location-ips", n.AllowedLocationIPs)...)
+		}
+		ips = append(ips, host(l.WireGuardIP.Addr()))
+		if first {
+			// Remote Peers and the allowedNetworks no node covers (service
+			// CIDR, host networks) go through one deterministic leader: the
+			// first. WireGuard matches the longest prefix, so the more
+			// specific prefixes of the other leaders still win.
+			for _, peer := range sortedPeers(rc.Peers) {
+				ips = append(ips, p.clip(r, ObjectRef{Kind: "Peer", Cluster: r.entry.Name, Name: peer.Name}, "spec.allowedIPs", peer.AllowedIPs)...)
+			}
+			ips = append(ips, r.networks...)
+		}
+		ka, src := p.remoteKeepalive(r)
+		configured, esrc := remoteEndpoint(l, r.entry.WireGuardPort)
+		roaming := roams(ka, 0, configured)
+		ep, esrc := p.endpointFor(l.PublicKey, configured, esrc, roaming)
+		if p.addPeer(ref, WireGuardPeer{
+			Name: l.Name, Kind: KindRemote, Cluster: r.entry.Name, Location: l.location(p.set),
+			PublicKey: l.PublicKey, Endpoint: ep, EndpointSource: esrc, AllowedIPs: ips,
+			PersistentKeepalive: ka, KeepaliveSource: src, Roaming: roaming,
+		}) {
+			names = append(names, l.Name)
+			first = false
+		}
+	}
+	return names
+}
+
+func sortedPeers(ps []Peer) []Peer {
+	out := append([]Peer(nil), ps...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// clip keeps the prefixes a remote cluster may claim: inside its
+// allowedNetworks, not a default route, not overlapping the local cluster.
+// Everything else is rejected with the reason.
+func (p *planner) clip(r *remote, ref ObjectRef, field string, ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, x := range ps {
+		x = x.Masked()
+		_, inside := r.allowed.covering(x)
+		switch o, overlap := p.localPrefix.overlapping(x); {
+		case x.Bits() == 0:
+			p.reject(ref, field, ReasonDefaultRoute, x.String()+" is a default route")
+		case overlap:
+			p.reject(ref, field, ReasonOverlapsLocal, x.String()+" overlaps the local cluster's "+o.String())
+		case !inside:
+			p.reject(ref, field, ReasonOutsideAllowed, x.String()+" is outside the cluster's allowedNetworks")
+		default:
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// remoteKeepalive is precedence rule 2: the smallest non-zero of the remote
+// entry's, the local entry's and this node's annotation.
+func (p *planner) remoteKeepalive(r *remote) (int, KeepaliveSource) {
+	best, src := 0, KeepaliveNone
+	for _, c := range []struct {
+		v int
+		s KeepaliveSource
+	}{
+		{r.entry.PersistentKeepalive, KeepaliveRemoteCluster},
+		{r.local.PersistentKeepalive, KeepaliveLocalCluster},
+		{p.selfNode.PersistentKeepalive, KeepaliveNodeAnnotation},
+	} {
+		if c.v > 0 && (best == 0 || c.v < best) {
+			best, src = c.v, c.s
+		}
+	}
+	return best, src
+}
+
+// remoteEndpoint is the endpoint chain for a remote leader:
+// clustermesh-endpoint, force-endpoint, first ExternalIP with the cluster's
+// WireGuard port, the endpoint annotation, else none (it roams).
+func remoteEndpoint(n *Node, port int) (string, string) {
+	if port == 0 {
+		port = 51820
+	}
+	switch {
+	case n.ClusterMeshEndpoint != "":
+		return n.ClusterMeshEndpoint, "clustermesh-endpoint"
+	case n.ForceEndpoint != "":
+		return n.ForceEndpoint, "force-endpoint"
+	}
+	ext := append([]netip.Addr(nil), n.ExternalIPs...)
+	sort.SliceStable(ext, func(i, j int) bool { return ext[i].Is4() && !ext[j].Is4() })
+	if len(ext) > 0 {
+		return joinHostPort(ext[0], port), "external-ip:" + strconv.Itoa(port)
+	}
+	if n.Endpoint != "" {
+		return n.Endpoint, "annotation"
+	}
+	return "", ""
+}
