@@ -1,0 +1,74 @@
+package config
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+)
+
+func parse(t *testing.T, args ...string) (*Config, error) {
+	t.Helper()
+	var c Config
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterTopology(fs)
+	c.RegisterAgent(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return &c, c.Validate()
+}
+
+func TestDefaultsMatchKilo(t *testing.T) {
+	c, err := parse(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Settings()
+	if s.Interface != "kilo0" || s.Port != 51820 || s.Subnet.String() != "10.4.0.0/16" || s.Granularity != "location" ||
+		s.Encapsulate != "always" || !s.Local || c.Listen != ":1107" || s.MTU != 0 {
+		t.Fatalf("defaults = %+v listen=%s", s, c.Listen)
+	}
+}
+
+func TestCozystackFlags(t *testing.T) {
+	c, err := parse(t, "--compatibility=cilium", "--encapsulate=crosssubnet", "--local=false", "--mesh-granularity=location",
+		"--subnet=100.66.0.0/16", "--mtu=auto", "--internal-cidr=192.168.1.10/32", "--service-cidr=10.96.0.0/12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Settings()
+	if s.Compatibility != "cilium" || s.Local || s.Subnet.String() != "100.66.0.0/16" || len(s.ServiceCIDRs) != 1 || c.InternalPrefix().String() != "192.168.1.10/32" {
+		t.Fatalf("settings = %+v", s)
+	}
+}
+
+func TestInvalidFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--port=0"}, "--port"},
+		{[]string{"--subnet=10.4.0.0"}, "--subnet"},
+		{[]string{"--subnet=fd00::/64"}, "--subnet"},
+		{[]string{"--mesh-granularity=region"}, "--mesh-granularity"},
+		{[]string{"--compatibility=flannel"}, "--compatibility"},
+		{[]string{"--encapsulate=sometimes"}, "--encapsulate"},
+		{[]string{"--mtu=9"}, "--mtu"},
+		{[]string{"--internal-cidr=nope"}, "--internal-cidr"},
+		{[]string{"--service-cidr=10.96.0.0/33"}, "--service-cidr"},
+		{[]string{"--wireguard=dkms"}, "--wireguard"},
+		{[]string{"--metrics-compat=x"}, "--metrics-compat"},
+		{[]string{"--cluster-name=Bad_Name"}, "--cluster-name"},
+		{[]string{"--interface=a/b"}, "--interface"},
+		{[]string{"--resync-period=1ms"}, "--resync-period"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, err := parse(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}
