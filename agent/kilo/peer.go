@@ -1,7 +1,6 @@
 package kilo
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -161,24 +160,40 @@ type keepaliveRule struct {
 // The annotation is one unit: any bad entry rejects all of it, because
 // dropping one entry would silently change which later entry matches.
 func ParseKeepaliveRules(s string) ([]topology.KeepaliveRule, error) {
-	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
-	dec.DisallowUnknownFields()
-	var raw []keepaliveRule
-	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("%s is not a JSON list of keepalive rules: %w", topology.AnnotationNodePersistentKeepalive, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%s: trailing data after the JSON list", topology.AnnotationNodePersistentKeepalive)
+	const key = topology.AnnotationNodePersistentKeepalive
+	// Decode the entries as raw objects first: encoding/json matches field
+	// names case-insensitively, and "nodeselector" must be an error, not a
+	// match.
+	var raw []map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, fmt.Errorf("%s is not a JSON list of keepalive rules: %w", key, err)
 	}
 	var out []topology.KeepaliveRule
-	for i, r := range raw {
+	for i, obj := range raw {
+		var r keepaliveRule
+		for f, v := range obj {
+			var err error
+			switch f {
+			case "value":
+				err = json.Unmarshal(v, &r.Value)
+			case "location":
+				err = json.Unmarshal(v, &r.Location)
+			case "nodeSelector":
+				err = json.Unmarshal(v, &r.NodeSelector)
+			default:
+				err = fmt.Errorf("unknown field %s", quote(f))
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s[%d]: %s: %w", key, i, f, err)
+			}
+		}
 		switch {
 		case r.Value == nil:
-			return nil, fmt.Errorf("%s[%d]: value is required", topology.AnnotationNodePersistentKeepalive, i)
+			return nil, fmt.Errorf("%s[%d]: value is required", key, i)
 		case *r.Value < 0 || *r.Value > maxKeepalive:
-			return nil, fmt.Errorf("%s[%d]: value %d out of range 0-%d", topology.AnnotationNodePersistentKeepalive, i, *r.Value, maxKeepalive)
+			return nil, fmt.Errorf("%s[%d]: value %d out of range 0-%d", key, i, *r.Value, maxKeepalive)
 		case (r.Location != "") == (r.NodeSelector != nil):
-			return nil, fmt.Errorf("%s[%d]: needs exactly one of location and nodeSelector", topology.AnnotationNodePersistentKeepalive, i)
+			return nil, fmt.Errorf("%s[%d]: needs exactly one of location and nodeSelector", key, i)
 		}
 		out = append(out, topology.KeepaliveRule{Value: *r.Value, Location: r.Location, NodeSelector: r.NodeSelector})
 	}
