@@ -1,0 +1,204 @@
+// Package clustermesh holds the ClusterMesh API (kilo.squat.ai/v1alpha1,
+// schema-compatible with kilo-clustermesh-operator 0.6.x, see
+// docs/clustermesh.md), its validation, and its conversion into the
+// planner's topology.Mesh. A mesh that fails validation never reaches the
+// planner: it becomes topology.Rejections and changes nothing on the data
+// plane. The package imports no client-go.
+package clustermesh
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupName is the API group ClusterMesh shares with Kilo's Peer.
+const GroupName = "kilo.squat.ai"
+
+// SchemeGroupVersion is kilo.squat.ai/v1alpha1.
+var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
+
+// Resource is the ClusterMesh resource (plural), for dynamic and REST clients.
+var Resource = SchemeGroupVersion.WithResource("clustermeshes")
+
+var (
+	// SchemeBuilder registers ClusterMesh and ClusterMeshList.
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	// AddToScheme adds ClusterMesh and ClusterMeshList to a scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(SchemeGroupVersion, &ClusterMesh{}, &ClusterMeshList{})
+	metav1.AddToGroupVersion(s, SchemeGroupVersion)
+	return nil
+}
+
+// DefaultWireGuardPort is the wireguardPort of an entry that sets none.
+const DefaultWireGuardPort = 51820
+
+// ClusterMesh declares a set of clusters joined into one WireGuard mesh. It
+// is namespaced and has a status subresource.
+type ClusterMesh struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ClusterMeshSpec   `json:"spec"`
+	Status ClusterMeshStatus `json:"status,omitempty"`
+}
+
+// ClusterMeshSpec lists the clusters of the mesh.
+type ClusterMeshSpec struct {
+	Clusters []Cluster `json:"clusters"`
+}
+
+// Cluster is one entry of spec.clusters.
+//
+// Numbers are plain ints so that out-of-range values decode and are then
+// rejected with a reason rather than failing the decoding of a whole list.
+type Cluster struct {
+	// Name is a DNS label (≤ 63 characters), unique in the mesh.
+	Name string `json:"name"`
+	// Local marks the cluster the object lives in; meshlet prefers its
+	// --cluster-name (see Resolve).
+	Local bool `json:"local,omitempty"`
+	// AllowedNetworks are every CIDR of the cluster (pods, WireGuard subnet,
+	// services, hosts); nothing outside them is accepted from it.
+	AllowedNetworks []string `json:"allowedNetworks,omitempty"`
+	// WireguardPort is the port its nodes listen on; 0 means 51820.
+	WireguardPort int `json:"wireguardPort,omitempty"`
+	// PersistentKeepalive in seconds, 0–65535, 0 = off.
+	PersistentKeepalive int `json:"persistentKeepalive,omitempty"`
+	// KubeconfigSecretRef names the Secret (same namespace) holding a
+	// kubeconfig for the cluster; required for remote entries.
+	KubeconfigSecretRef *SecretKeyRef `json:"kubeconfigSecretRef,omitempty"`
+}
+
+// SecretKeyRef names one key of a Secret in the ClusterMesh's namespace.
+type SecretKeyRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
+}
+
+// ClusterMeshStatus is written by one elected writer (or the operator).
+type ClusterMeshStatus struct {
+	Clusters   []ClusterStatus    `json:"clusters,omitempty"`
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ClusterStatus counts what was taken from one remote cluster.
+type ClusterStatus struct {
+	Name            string `json:"name"`
+	RegisteredPeers int    `json:"registeredPeers"`
+	SkippedNodes    int    `json:"skippedNodes"`
+}
+
+// Condition types of ClusterMeshStatus.
+const (
+	ConditionReady           = "Ready"
+	ConditionNetworksOverlap = "NetworksOverlap"
+)
+
+// ClusterMeshList is a list of ClusterMeshes.
+type ClusterMeshList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []ClusterMesh `json:"items"`
+}
+
+// DeepCopyInto copies in into out.
+func (in *SecretKeyRef) DeepCopyInto(out *SecretKeyRef) { *out = *in }
+
+// DeepCopyInto copies in into out.
+func (in *Cluster) DeepCopyInto(out *Cluster) {
+	*out = *in
+	if in.AllowedNetworks != nil {
+		out.AllowedNetworks = append([]string(nil), in.AllowedNetworks...)
+	}
+	if in.KubeconfigSecretRef != nil {
+		r := *in.KubeconfigSecretRef
+		out.KubeconfigSecretRef = &r
+	}
+}
+
+// DeepCopyInto copies in into out.
+func (in *ClusterMeshSpec) DeepCopyInto(out *ClusterMeshSpec) {
+	*out = *in
+	if in.Clusters != nil {
+		out.Clusters = make([]Cluster, len(in.Clusters))
+		for i := range in.Clusters {
+			in.Clusters[i].DeepCopyInto(&out.Clusters[i])
+		}
+	}
+}
+
+// DeepCopyInto copies in into out.
+func (in *ClusterMeshStatus) DeepCopyInto(out *ClusterMeshStatus) {
+	*out = *in
+	if in.Clusters != nil {
+		out.Clusters = append([]ClusterStatus(nil), in.Clusters...)
+	}
+	if in.Conditions != nil {
+		out.Conditions = make([]metav1.Condition, len(in.Conditions))
+		for i := range in.Conditions {
+			in.Conditions[i].DeepCopyInto(&out.Conditions[i])
+		}
+	}
+}
+
+// DeepCopyInto copies in into out.
+func (in *ClusterMesh) DeepCopyInto(out *ClusterMesh) {
+	*out = *in
+	in.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	in.Spec.DeepCopyInto(&out.Spec)
+	in.Status.DeepCopyInto(&out.Status)
+}
+
+// DeepCopy returns a copy of in.
+func (in *ClusterMesh) DeepCopy() *ClusterMesh {
+	if in == nil {
+		return nil
+	}
+	out := new(ClusterMesh)
+	in.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (in *ClusterMesh) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+// DeepCopyInto copies in into out.
+func (in *ClusterMeshList) DeepCopyInto(out *ClusterMeshList) {
+	*out = *in
+	in.ListMeta.DeepCopyInto(&out.ListMeta)
+	if in.Items != nil {
+		out.Items = make([]ClusterMesh, len(in.Items))
+		for i := range in.Items {
+			in.Items[i].DeepCopyInto(&out.Items[i])
+		}
+	}
+}
+
+// DeepCopy returns a copy of in.
+func (in *ClusterMeshList) DeepCopy() *ClusterMeshList {
+	if in == nil {
+		return nil
+	}
+	out := new(ClusterMeshList)
+	in.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (in *ClusterMeshList) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
