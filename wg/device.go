@@ -1,0 +1,216 @@
+package wg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/ipc"
+	"golang.zx2c4.com/wireguard/tun"
+)
+
+// Mode selects the WireGuard implementation (--wireguard).
+type Mode string
+
+const (
+	// ModeAuto uses kernel WireGuard when the kernel has it, else userspace.
+	ModeAuto Mode = "auto"
+	// ModeKernel requires kernel WireGuard.
+	ModeKernel Mode = "kernel"
+	// ModeUserspace runs WireGuard inside this process (wireguard-go).
+	ModeUserspace Mode = "userspace"
+)
+
+// Kind is the implementation a Device ended up with.
+type Kind string
+
+const (
+	KindKernel Kind = "kernel"
+	// KindUserspace is the in-process wireguard-go device.
+	KindUserspace Kind = "userspace"
+	// KindExternal is a userspace device run by someone else (e.g. the
+	// wireguard-go daemon) that meshlet drives through its UAPI socket.
+	KindExternal Kind = "external"
+)
+
+// SocketDir is where userspace WireGuard devices listen (fixed by wgctrl).
+const SocketDir = "/var/run/wireguard"
+
+// DefaultMTU is the MTU a new userspace TUN starts with; netlinkx sets the
+// plan's MTU afterwards.
+const DefaultMTU = 1420
+
+// DeviceConfig says which device to ensure.
+type DeviceConfig struct {
+	Name   string
+	Mode   Mode // "" = auto
+	Logger *slog.Logger
+}
+
+// Device is an ensured WireGuard device. Close it on shutdown: for the
+// in-process userspace device that stops it (its TUN disappears with it);
+// a kernel device is left in place, deleting it is netlinkx Cleanup's job.
+type Device struct {
+	Name string
+	Kind Kind
+
+	closeOnce sync.Once
+	closeErr  error
+	close     func() error
+	done      <-chan struct{}
+}
+
+// Close stops an in-process userspace device; it is a no-op otherwise.
+func (d *Device) Close() error {
+	d.closeOnce.Do(func() {
+		if d.close != nil {
+			d.closeErr = d.close()
+		}
+	})
+	return d.closeErr
+}
+
+// Done is closed when an in-process device stopped on its own (e.g. its TUN
+// was deleted); nil for other kinds.
+func (d *Device) Done() <-chan struct{} { return d.done }
+
+// ErrKernelUnsupported means the kernel cannot create WireGuard links.
+var ErrKernelUnsupported = errors.New("kernel WireGuard is not available")
+
+// EnsureDevice makes sure the WireGuard device cfg.Name exists and can be
+// driven through wgctrl, creating it when needed. It runs in the caller's
+// network namespace (the agent runs with hostNetwork).
+func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("wg: device name is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	mode := cfg.Mode
+	if mode == "" {
+		mode = ModeAuto
+	}
+	switch mode {
+	case ModeAuto, ModeKernel, ModeUserspace:
+	default:
+		return nil, fmt.Errorf("wg: unknown mode %q (want auto, kernel or userspace)", mode)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	if l, err := netlink.LinkByName(cfg.Name); err == nil {
+		switch l.Type() {
+		case "wireguard":
+			if mode == ModeUserspace {
+				return nil, fmt.Errorf("wg: %s is a kernel WireGuard link but mode is userspace; delete it first", cfg.Name)
+			}
+			return &Device{Name: cfg.Name, Kind: KindKernel}, nil
+		case "tun":
+			if mode != ModeKernel && socketLive(cfg.Name) {
+				log.Info("using existing userspace WireGuard device", "interface", cfg.Name)
+				return &Device{Name: cfg.Name, Kind: KindExternal}, nil
+			}
+			return nil, fmt.Errorf("wg: %s exists as a TUN without a live WireGuard socket in %s", cfg.Name, SocketDir)
+		default:
+			return nil, fmt.Errorf("wg: %s exists with link type %q, not WireGuard", cfg.Name, l.Type())
+		}
+	} else if !errors.As(err, new(netlink.LinkNotFoundError)) {
+		return nil, fmt.Errorf("wg: look up link %s: %w", cfg.Name, err)
+	}
+
+	if mode != ModeUserspace {
+		err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: cfg.Name}})
+		if err == nil {
+			log.Info("created kernel WireGuard device", "interface", cfg.Name)
+			return &Device{Name: cfg.Name, Kind: KindKernel}, nil
+		}
+		if mode == ModeKernel {
+			return nil, fmt.Errorf("wg: create kernel WireGuard link %s: %w: %w", cfg.Name, ErrKernelUnsupported, err)
+		}
+		log.Info("kernel WireGuard unavailable, using userspace", "interface", cfg.Name, "error", err)
+	}
+	return startUserspace(cfg.Name, log)
+}
+
+func socketLive(name string) bool {
+	c, err := net.DialTimeout("unix", filepath.Join(SocketDir, name+".sock"), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// startUserspace runs wireguard-go in this process, the way cmd/wireguard-go
+// does: a TUN, the device, and a UAPI listener at SocketDir/<name>.sock so
+// wgctrl drives it exactly like any other userspace device.
+func startUserspace(name string, log *slog.Logger) (*Device, error) {
+	tdev, err := tun.CreateTUN(name, DefaultMTU)
+	if err != nil {
+		return nil, fmt.Errorf("wg: create TUN %s: %w", name, err)
+	}
+	wlog := &device.Logger{
+		Verbosef: func(format string, args ...any) {
+			log.Debug(fmt.Sprintf(format, args...), "interface", name)
+		},
+		Errorf: func(format string, args ...any) {
+			log.Warn(fmt.Sprintf(format, args...), "interface", name)
+		},
+	}
+	dev := device.NewDevice(tdev, conn.NewDefaultBind(), wlog)
+	uapiFile, err := ipc.UAPIOpen(name)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("wg: open UAPI socket for %s: %w", name, err)
+	}
+	uapi, err := ipc.UAPIListen(name, uapiFile)
+	if err != nil {
+		uapiFile.Close()
+		dev.Close()
+		return nil, fmt.Errorf("wg: listen on UAPI socket for %s: %w", name, err)
+	}
+	go func() {
+		for {
+			c, err := uapi.Accept()
+			if err != nil {
+				return // listener closed
+			}
+			go dev.IpcHandle(c)
+		}
+	}()
+	done := make(chan struct{})
+	go func() {
+		<-dev.Wait()
+		close(done)
+	}()
+	log.Info("started userspace WireGuard device", "interface", name, "socket", filepath.Join(SocketDir, name+".sock"))
+	return &Device{
+		Name: name,
+		Kind: KindUserspace,
+		done: done,
+		close: func() error {
+			// UAPIListener.Close removes the socket file.
+			err := uapi.Close()
+			dev.Close()
+			if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrNotExist) {
+				err = nil
+			}
+			if err != nil {
+				return fmt.Errorf("wg: close UAPI socket for %s: %w", name, err)
+			}
+			return nil
+		},
+	}, nil
+}

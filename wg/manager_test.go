@@ -1,0 +1,212 @@
+package wg
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// fakeClient is an in-memory device that applies configs like wireguard-go
+// does, enough to check what Manager sends.
+type fakeClient struct {
+	dev     wgtypes.Device
+	configs []wgtypes.Config
+}
+
+func (f *fakeClient) Device(name string) (*wgtypes.Device, error) {
+	if name != f.dev.Name {
+		return nil, os.ErrNotExist
+	}
+	d := f.dev
+	d.Peers = append([]wgtypes.Peer(nil), f.dev.Peers...)
+	return &d, nil
+}
+
+func (f *fakeClient) ConfigureDevice(name string, cfg wgtypes.Config) error {
+	if name != f.dev.Name {
+		return os.ErrNotExist
+	}
+	f.configs = append(f.configs, cfg)
+	if cfg.ReplacePeers {
+		f.dev.Peers = nil
+	}
+	if cfg.PrivateKey != nil {
+		f.dev.PrivateKey = *cfg.PrivateKey
+	}
+	if cfg.ListenPort != nil {
+		f.dev.ListenPort = *cfg.ListenPort
+	}
+	for _, pc := range cfg.Peers {
+		i := -1
+		for j := range f.dev.Peers {
+			if f.dev.Peers[j].PublicKey == pc.PublicKey {
+				i = j
+			}
+		}
+		if pc.Remove {
+			if i >= 0 {
+				f.dev.Peers = append(f.dev.Peers[:i], f.dev.Peers[i+1:]...)
+			}
+			continue
+		}
+		if i < 0 {
+			if pc.UpdateOnly {
+				continue
+			}
+			f.dev.Peers = append(f.dev.Peers, wgtypes.Peer{PublicKey: pc.PublicKey})
+			i = len(f.dev.Peers) - 1
+		}
+		p := &f.dev.Peers[i]
+		if pc.Endpoint != nil {
+			p.Endpoint = pc.Endpoint
+		}
+		if pc.PersistentKeepaliveInterval != nil {
+			p.PersistentKeepaliveInterval = *pc.PersistentKeepaliveInterval
+		}
+		if pc.ReplaceAllowedIPs {
+			p.AllowedIPs = nil
+		}
+		p.AllowedIPs = append(p.AllowedIPs, pc.AllowedIPs...)
+	}
+	return nil
+}
+
+type fakeResolver map[string][]netip.Addr
+
+func (r fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := r[host]; ok {
+		return a, nil
+	}
+	return nil, errors.New("no such host")
+}
+
+func TestManagerApply(t *testing.T) {
+	ctx := context.Background()
+	priv, _ := wgtypes.GeneratePrivateKey()
+	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
+	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc,
+		Resolver: fakeResolver{"b.example": {netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("192.0.2.2")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := testKey(1), testKey(2)
+	plan := topology.Device{Interface: "kilo0", ListenPort: 51820, Peers: []topology.WireGuardPeer{
+		{Name: "a", PublicKey: a, Endpoint: "192.0.2.1:51820", PersistentKeepalive: 25, Roaming: true, AllowedIPs: pfx("10.4.0.1/32")},
+		{Name: "b", PublicKey: b, Endpoint: "b.example:51820", AllowedIPs: pfx("10.4.0.2/32")},
+	}}
+
+	rep, err := m.Apply(ctx, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Added) != 2 || !rep.PrivateKey || !rep.ListenPort {
+		t.Fatalf("first apply report = %+v", rep)
+	}
+	if got := fc.dev.Peers[1].Endpoint.String(); got != "192.0.2.2:51820" {
+		t.Errorf("DNS endpoint resolved to %s, want the IPv4 192.0.2.2:51820", got)
+	}
+
+	// Second apply of the same plan: nothing is sent at all.
+	n := len(fc.configs)
+	if rep, err = m.Apply(ctx, plan); err != nil || rep.Changed() {
+		t.Fatalf("idempotent apply: rep=%+v err=%v", rep, err)
+	}
+	if len(fc.configs) != n {
+		t.Fatal("idempotent apply sent a config")
+	}
+
+	// Peer a roams; the same plan must keep the learned endpoint.
+	fc.dev.Peers[0].Endpoint = udp("198.51.100.9:1234")
+	if rep, err = m.Apply(ctx, plan); err != nil || rep.Changed() || len(rep.KeptEndpoints) != 1 {
+		t.Fatalf("roamed apply: rep=%+v err=%v", rep, err)
+	}
+	// The operator moves peer a: the new configured endpoint wins once.
+	plan.Peers[0].Endpoint = "192.0.2.11:51820"
+	if rep, err = m.Apply(ctx, plan); err != nil || len(rep.Updated) != 1 {
+		t.Fatalf("moved apply: rep=%+v err=%v", rep, err)
+	}
+	if got := fc.dev.Peers[0].Endpoint.String(); got != "192.0.2.11:51820" {
+		t.Errorf("endpoint after configured change = %s", got)
+	}
+
+	// Removing b reports it by name.
+	plan.Peers = plan.Peers[:1]
+	rep, err = m.Apply(ctx, plan)
+	if err != nil || len(rep.Removed) != 1 || rep.Removed[0].Name != "b" {
+		t.Fatalf("removal: rep=%+v err=%v", rep, err)
+	}
+	for _, c := range fc.configs {
+		if c.ReplacePeers {
+			t.Fatal("Manager sent ReplacePeers")
+		}
+	}
+
+	// Wrong interface is refused.
+	if _, err := m.Apply(ctx, topology.Device{Interface: "other"}); err == nil {
+		t.Error("apply for another interface succeeded")
+	}
+	// Stats normalise and sort.
+	st, err := m.Stats(ctx)
+	if err != nil || len(st.Peers) != 1 || !st.Peers[0].LastHandshake.IsZero() || st.Peers[0].AllowedIPs[0] != netip.MustParsePrefix("10.4.0.1/32") {
+		t.Fatalf("stats = %+v, %v", st, err)
+	}
+}
+
+func TestManagerUnresolvedEndpoint(t *testing.T) {
+	priv, _ := wgtypes.GeneratePrivateKey()
+	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
+	m, _ := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc, Resolver: fakeResolver{}})
+	rep, err := m.Apply(context.Background(), topology.Device{Peers: []topology.WireGuardPeer{
+		{Name: "x", PublicKey: testKey(9), Endpoint: "gone.example:51820", AllowedIPs: pfx("10.4.0.9/32")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Added) != 1 || len(rep.Unresolved) != 1 || fc.dev.Peers[0].Endpoint != nil {
+		t.Fatalf("rep = %+v, device peers = %+v", rep, fc.dev.Peers)
+	}
+}
+
+func TestLoadOrCreateKey(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sub", "key")
+	k1, created, err := LoadOrCreateKey(path)
+	if err != nil || !created {
+		t.Fatalf("create: %v created=%v", err, created)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode = %v, %v", fi.Mode(), err)
+	}
+	k2, created, err := LoadOrCreateKey(path)
+	if err != nil || created || k1 != k2 {
+		t.Fatalf("reuse: err=%v created=%v same=%v", err, created, k1 == k2)
+	}
+	// Too open permissions are tightened.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := LoadOrCreateKey(path); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode after reload = %v, want 0600", fi.Mode().Perm())
+	}
+	// Garbage is refused without echoing the content.
+	secret := "not-a-key-SECRET"
+	if err := os.WriteFile(path, []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = LoadOrCreateKey(path)
+	if err == nil || strings.Contains(err.Error(), secret) {
+		t.Fatalf("garbage key: err = %v", err)
+	}
+}
