@@ -1,0 +1,413 @@
+package wg
+
+// Root integration tests with real userspace WireGuard devices.
+//
+// How a device runs: every device lives in a child process (this test binary
+// re-executed with MESHLET_WG_HELPER set, see TestMain) started through
+// `ip netns exec NS`, so its TUN and its UDP sockets are in that namespace
+// for good — wireguard-go opens sockets from arbitrary goroutines, so a Go
+// process cannot host devices in two namespaces. The child runs the
+// production code path (EnsureDevice in userspace mode) and nothing else.
+//
+// How the test drives it: the UAPI socket directory /var/run/wireguard is
+// global (not per network namespace) and wgctrl only looks there. Instead of
+// giving each child its own mount namespace with a directory bound over
+// /run/wireguard (then no process outside could reach the socket through
+// wgctrl), each test device gets a name unique on the host (mlt<pid><n>),
+// so the sockets never collide and the test process uses a stock
+// wgctrl.Client and the real Manager against every device. Interface names
+// are per namespace anyway; nothing in Manager depends on "kilo0".
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+const helperEnv = "MESHLET_WG_HELPER"
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(helperEnv); name != "" {
+		os.Exit(runHelper(name))
+	}
+	os.Exit(m.Run())
+}
+
+// runHelper hosts one userspace device until stdin closes.
+func runHelper(name string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dev, err := EnsureDevice(context.Background(), DeviceConfig{Name: name, Mode: ModeUserspace, Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	if err := dev.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	return 0
+}
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, TUN devices and WireGuard sockets (CI runs as root)")
+	}
+	for _, tool := range []string{"ip", "ping"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found (apt-get install iproute2 iputils-ping): %v", tool, err)
+		}
+	}
+}
+
+var seq atomic.Int32
+
+func uniqueName(prefix string) string {
+	return fmt.Sprintf("%s%d%d", prefix, os.Getpid()%100000, seq.Add(1))
+}
+
+func run(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// newNetns creates a named network namespace, removed at cleanup.
+func newNetns(t testing.TB) string {
+	t.Helper()
+	ns := uniqueName("mlwg")
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	return ns
+}
+
+// node is one namespace with one userspace WireGuard device.
+type node struct {
+	ns, dev string
+	mgr     *Manager
+	client  *wgctrl.Client
+}
+
+// startNode runs a device in ns, gives it addr, and returns a Manager for it.
+func startNode(t testing.TB, ns string, addr string) *node {
+	t.Helper()
+	dev := uniqueName("mlt")
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+dev)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = os.Remove(SocketDir + "/" + dev + ".sock")
+	})
+	ready := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		ready <- line
+	}()
+	select {
+	case line := <-ready:
+		if strings.TrimSpace(line) != "ready" {
+			t.Fatalf("helper for %s did not start (got %q)", dev, line)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("helper for %s: no ready line within 20s", dev)
+	}
+	run(t, "ip", "-n", ns, "addr", "add", addr, "dev", dev)
+	run(t, "ip", "-n", ns, "link", "set", dev, "up")
+
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	key, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := NewManager(Config{Interface: dev, PrivateKey: key, Client: client,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{ns: ns, dev: dev, mgr: mgr, client: client}
+}
+
+// vethPair links two namespaces with addresses a and b (CIDR form).
+func vethPair(t testing.TB, nsA, addrA, nsB, addrB string) (string, string) {
+	t.Helper()
+	la, lb := uniqueName("va"), uniqueName("vb")
+	run(t, "ip", "link", "add", la, "netns", nsA, "type", "veth", "peer", "name", lb, "netns", nsB)
+	run(t, "ip", "-n", nsA, "addr", "add", addrA, "dev", la)
+	run(t, "ip", "-n", nsB, "addr", "add", addrB, "dev", lb)
+	run(t, "ip", "-n", nsA, "link", "set", la, "up")
+	run(t, "ip", "-n", nsB, "link", "set", lb, "up")
+	return la, lb
+}
+
+func (n *node) peerStats(t testing.TB, k topology.Key) PeerStats {
+	t.Helper()
+	st, err := n.mgr.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.Peers {
+		if p.PublicKey == k {
+			return p
+		}
+	}
+	t.Fatalf("%s has no peer %s", n.dev, k)
+	return PeerStats{}
+}
+
+func (n *node) apply(t testing.TB, d topology.Device) Report {
+	t.Helper()
+	d.Interface = n.dev
+	rep, err := n.mgr.Apply(context.Background(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// waitPing pings until one reply arrives or the deadline passes.
+func waitPing(t testing.TB, ns, dst string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if exec.Command("ip", "netns", "exec", ns, "ping", "-c1", "-W1", dst).Run() == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ping reply from %s in %s within %s", dst, ns, within)
+		}
+	}
+}
+
+var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
+
+// pair is two nodes A (10.4.0.1) and B (10.4.0.2) peered over a veth link.
+type pair struct {
+	a, b         *node
+	planA, planB topology.Device
+	vethB        string
+}
+
+func newPair(t testing.TB) *pair {
+	nsA, nsB := newNetns(t), newNetns(t)
+	_, vb := vethPair(t, nsA, "192.168.77.1/24", nsB, "192.168.77.2/24")
+	a := startNode(t, nsA, "10.4.0.1/24")
+	b := startNode(t, nsB, "10.4.0.2/24")
+	p := &pair{a: a, b: b, vethB: vb}
+	p.planA = topology.Device{ListenPort: 51820, Peers: []topology.WireGuardPeer{{
+		Name: "b", PublicKey: b.mgr.PublicKey(), Endpoint: "192.168.77.2:51821", AllowedIPs: pfx("10.4.0.2/32"),
+	}}}
+	p.planB = topology.Device{ListenPort: 51821, Peers: []topology.WireGuardPeer{{
+		Name: "a", PublicKey: a.mgr.PublicKey(), Endpoint: "192.168.77.1:51820", AllowedIPs: pfx("10.4.0.1/32"),
+	}}}
+	return p
+}
+
+func TestUserspaceDevicesExchangeTraffic(t *testing.T) {
+	requireRoot(t)
+	p := newPair(t)
+	// Receiver first (wireguard.md): B, then A.
+	if rep := p.b.apply(t, p.planB); len(rep.Added) != 1 {
+		t.Fatalf("B report %+v", rep)
+	}
+	if rep := p.a.apply(t, p.planA); len(rep.Added) != 1 {
+		t.Fatalf("A report %+v", rep)
+	}
+	waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)
+	st := p.a.peerStats(t, p.b.mgr.PublicKey())
+	if st.LastHandshake.IsZero() || st.ReceiveBytes == 0 || st.TransmitBytes == 0 {
+		t.Fatalf("after ping, A's stats for B = %+v", st)
+	}
+	if st.Endpoint != netip.MustParseAddrPort("192.168.77.2:51821") {
+		t.Errorf("endpoint = %v", st.Endpoint)
+	}
+	// Re-applying the same plan changes nothing.
+	if rep := p.a.apply(t, p.planA); rep.Changed() {
+		t.Errorf("idempotent apply changed %+v", rep)
+	}
+}
+
+// TestSessionSurvivesPartialApply is the test that matters: changes to a
+// third peer must not disturb an established session.
+func TestSessionSurvivesPartialApply(t *testing.T) {
+	requireRoot(t)
+	p := newPair(t)
+	ckey := testKey(0xcc)
+	third := topology.WireGuardPeer{Name: "c", PublicKey: ckey, Endpoint: "192.168.77.9:51820", AllowedIPs: pfx("10.4.0.3/32")}
+	p.planA.Peers = append(p.planA.Peers, third)
+	p.b.apply(t, p.planB)
+	p.a.apply(t, p.planA)
+	waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)
+	bkey := p.b.mgr.PublicKey()
+	hs0 := p.a.peerStats(t, bkey).LastHandshake
+	if hs0.IsZero() {
+		t.Fatal("no handshake with B after ping")
+	}
+
+	// A ping runs throughout: 300 packets, 10 ms apart (~3 s).
+	ping := exec.Command("ip", "netns", "exec", p.a.ns, "ping", "-c300", "-i0.01", "-W1", "10.4.0.2")
+	var out strings.Builder
+	ping.Stdout, ping.Stderr = &out, &out
+	if err := ping.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pingDone := make(chan error, 1)
+	go func() { pingDone <- ping.Wait() }()
+
+	steps := []struct {
+		name   string
+		mutate func(*topology.WireGuardPeer) bool // false = remove
+		check  func(Report) bool
+	}{
+		{"allowed IPs", func(c *topology.WireGuardPeer) bool { c.AllowedIPs = pfx("10.4.0.3/32", "10.3.0.0/24"); return true },
+			func(r Report) bool {
+				return len(r.Updated) == 1 && r.Updated[0].PublicKey == ckey && r.Updated[0].Fields[0] == FieldAllowedIPs
+			}},
+		{"keepalive", func(c *topology.WireGuardPeer) bool { c.PersistentKeepalive = 10; c.Roaming = true; return true },
+			func(r Report) bool {
+				return len(r.Updated) == 1 && r.Updated[0].PublicKey == ckey && r.Updated[0].Fields[0] == FieldKeepalive
+			}},
+		{"remove", func(*topology.WireGuardPeer) bool { return false },
+			func(r Report) bool { return len(r.Removed) == 1 && r.Removed[0].PublicKey == ckey && r.Removed[0].Name == "c" }},
+	}
+	for _, s := range steps {
+		plan := p.planA
+		plan.Peers = []topology.WireGuardPeer{p.planA.Peers[0]}
+		c := third
+		if s.mutate(&c) {
+			plan.Peers = append(plan.Peers, c)
+			third = c
+		}
+		rep := p.a.apply(t, plan)
+		if !s.check(rep) || rep.PeersTouched() != 1 {
+			t.Fatalf("step %s: report %+v", s.name, rep)
+		}
+		if hs := p.a.peerStats(t, bkey).LastHandshake; !hs.Equal(hs0) {
+			t.Fatalf("step %s: B's last handshake moved from %v to %v", s.name, hs0, hs)
+		}
+	}
+	select {
+	case err := <-pingDone:
+		t.Fatalf("ping ended before the applies finished (%v): %s", err, out.String())
+	default:
+	}
+	if err := <-pingDone; err != nil {
+		t.Fatalf("ping: %v\n%s", err, out.String())
+	}
+	m := pingStats.FindStringSubmatch(out.String())
+	if m == nil || m[1] != m[2] {
+		t.Fatalf("ping lost packets during partial applies: %s", out.String())
+	}
+	if hs := p.a.peerStats(t, bkey).LastHandshake; !hs.Equal(hs0) {
+		t.Fatalf("B's last handshake moved from %v to %v", hs0, hs)
+	}
+	t.Logf("partial applies: %s/%s pings received, handshake unchanged (%s)", m[2], m[1], hs0.Format(time.RFC3339Nano))
+
+	// Comparison: what Kilo does — a full replace of all peers. The session
+	// is dropped and the next packet needs a new handshake.
+	full := wgtypes.Config{ReplacePeers: true, Peers: []wgtypes.PeerConfig{{
+		PublicKey: wgtypes.Key(bkey), Endpoint: udp("192.168.77.2:51821"), ReplaceAllowedIPs: true, AllowedIPs: ipnets("10.4.0.2/32"),
+	}}}
+	if err := p.a.client.ConfigureDevice(p.a.dev, full); err != nil {
+		t.Fatal(err)
+	}
+	waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)
+	hs1 := p.a.peerStats(t, bkey).LastHandshake
+	if !hs1.After(hs0) {
+		t.Fatalf("full replace did not cause a new handshake: before %v after %v", hs0, hs1)
+	}
+	t.Logf("full replace (ReplacePeers): new handshake at %s", hs1.Format(time.RFC3339Nano))
+}
+
+// TestRoamingEndpointKept: B reaches A from a new source address; A's plan
+// still carries B's old endpoint with keepalive > 0; Apply keeps the learned
+// address. The non-roaming control shows the test would notice an overwrite.
+func TestRoamingEndpointKept(t *testing.T) {
+	requireRoot(t)
+	p := newPair(t)
+	p.planA.Peers[0].PersistentKeepalive = 1
+	p.planA.Peers[0].Roaming = true
+	p.b.apply(t, p.planB)
+	p.a.apply(t, p.planA)
+	p.planB.Peers[0].PersistentKeepalive = 1
+	p.planB.Peers[0].Roaming = true
+	p.b.apply(t, p.planB)
+	waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)
+
+	// B moves to 192.168.77.3. Promote the new address when the old primary
+	// goes, or the kernel deletes it (and the subnet route) along with it.
+	run(t, "ip", "netns", "exec", p.b.ns, "sysctl", "-qw", "net.ipv4.conf."+p.vethB+".promote_secondaries=1")
+	run(t, "ip", "-n", p.b.ns, "addr", "add", "192.168.77.3/24", "dev", p.vethB)
+	run(t, "ip", "-n", p.b.ns, "addr", "del", "192.168.77.2/24", "dev", p.vethB)
+	bkey := p.b.mgr.PublicKey()
+	learned := netip.MustParseAddrPort("192.168.77.3:51821")
+	deadline := time.Now().Add(15 * time.Second)
+	for p.a.peerStats(t, bkey).Endpoint != learned {
+		if time.Now().After(deadline) {
+			t.Fatalf("A never learned B's new address; endpoint = %v", p.a.peerStats(t, bkey).Endpoint)
+		}
+		_ = exec.Command("ip", "netns", "exec", p.b.ns, "ping", "-c1", "-W1", "10.4.0.1").Run()
+	}
+
+	rep := p.a.apply(t, p.planA) // still says 192.168.77.2:51821
+	if got := p.a.peerStats(t, bkey).Endpoint; got != learned {
+		t.Fatalf("roaming peer's learned endpoint overwritten: %v", got)
+	}
+	if len(rep.KeptEndpoints) != 1 || rep.Changed() {
+		t.Errorf("report %+v, want one kept endpoint and no change", rep)
+	}
+	waitPing(t, p.a.ns, "10.4.0.2", 5*time.Second)
+
+	// Control: the same plan without roaming does overwrite.
+	p.planA.Peers[0].Roaming = false
+	if rep := p.a.apply(t, p.planA); len(rep.Updated) != 1 {
+		t.Fatalf("non-roaming apply report %+v", rep)
+	}
+	if got := p.a.peerStats(t, bkey).Endpoint; got != netip.MustParseAddrPort("192.168.77.2:51821") {
+		t.Fatalf("non-roaming endpoint = %v, want the configured one", got)
+	}
+}
