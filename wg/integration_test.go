@@ -312,7 +312,9 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 				return len(r.Updated) == 1 && r.Updated[0].PublicKey == ckey && r.Updated[0].Fields[0] == FieldKeepalive
 			}},
 		{"remove", func(*topology.WireGuardPeer) bool { return false },
-			func(r Report) bool { return len(r.Removed) == 1 && r.Removed[0].PublicKey == ckey && r.Removed[0].Name == "c" }},
+			func(r Report) bool {
+				return len(r.Removed) == 1 && r.Removed[0].PublicKey == ckey && r.Removed[0].Name == "c"
+			}},
 	}
 	for _, s := range steps {
 		plan := p.planA
