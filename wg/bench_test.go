@@ -1,0 +1,99 @@
+package wg
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// benchPeers returns n peers with distinct keys and allowed IPs, no
+// endpoints (so the device sends nothing while being measured).
+func benchPeers(n int) []topology.WireGuardPeer {
+	peers := make([]topology.WireGuardPeer, n)
+	for i := range peers {
+		var k topology.Key
+		k[0], k[1], k[2] = byte(i>>16), byte(i>>8), byte(i)
+		k[31] = 0x42
+		a := netip.AddrFrom4([4]byte{10, 100 + byte(i>>16), byte(i >> 8), byte(i)})
+		peers[i] = topology.WireGuardPeer{Name: fmt.Sprintf("p%d", i), PublicKey: k, AllowedIPs: []netip.Prefix{netip.PrefixFrom(a, 32)}, Roaming: true}
+	}
+	return peers
+}
+
+// BenchmarkApply compares meshlet's incremental apply of a one-peer change
+// with Kilo's full replace (ReplacePeers with every peer) on the same
+// userspace device. peers-touched/op is what the device had to process.
+func BenchmarkApply(b *testing.B) {
+	requireRoot(b)
+	for _, n := range []int{1000, 5000} {
+		ns := newNetns(b)
+		node := startNode(b, ns, "10.4.0.1/16")
+		plan := topology.Device{Interface: node.dev, ListenPort: 51820, Peers: benchPeers(n)}
+		if rep, err := node.mgr.Apply(context.Background(), plan); err != nil || len(rep.Added) != n {
+			b.Fatalf("initial apply: %v (%d added)", err, len(rep.Added))
+		}
+		b.Run(fmt.Sprintf("incremental/peers=%d", n), func(b *testing.B) {
+			alt := []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}
+			orig := plan.Peers[0].AllowedIPs
+			touched := 0
+			i := 0
+			for b.Loop() {
+				if i%2 == 0 {
+					plan.Peers[0].AllowedIPs = alt
+				} else {
+					plan.Peers[0].AllowedIPs = orig
+				}
+				i++
+				rep, err := node.mgr.Apply(context.Background(), plan)
+				if err != nil {
+					b.Fatal(err)
+				}
+				touched = rep.PeersTouched()
+				if touched != 1 {
+					b.Fatalf("one-peer change touched %d peers", touched)
+				}
+			}
+			plan.Peers[0].AllowedIPs = orig
+			b.ReportMetric(float64(touched), "peers-touched/op")
+		})
+		b.Run(fmt.Sprintf("full-replace/peers=%d", n), func(b *testing.B) {
+			cfg := wgtypes.Config{ReplacePeers: true, Peers: make([]wgtypes.PeerConfig, n)}
+			for i, p := range plan.Peers {
+				cfg.Peers[i] = wgtypes.PeerConfig{PublicKey: wgtypes.Key(p.PublicKey), ReplaceAllowedIPs: true, AllowedIPs: toIPNets(p.AllowedIPs)}
+			}
+			for b.Loop() {
+				if err := node.client.ConfigureDevice(node.dev, cfg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n), "peers-touched/op")
+		})
+	}
+}
+
+// BenchmarkDiff is the pure diff alone, without the device round trips.
+func BenchmarkDiff(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		b.Run(fmt.Sprintf("peers=%d", n), func(b *testing.B) {
+			peers := benchPeers(n)
+			dev := &wgtypes.Device{Peers: make([]wgtypes.Peer, n)}
+			in := DiffInput{Peers: make([]ResolvedPeer, n)}
+			for i, p := range peers {
+				dev.Peers[i] = wgtypes.Peer{PublicKey: wgtypes.Key(p.PublicKey), AllowedIPs: toIPNets(p.AllowedIPs)}
+				in.Peers[i] = ResolvedPeer{WireGuardPeer: p}
+			}
+			in.Peers[0].AllowedIPs = []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}
+			for b.Loop() {
+				_, rep := Diff(in, dev)
+				if rep.PeersTouched() != 1 {
+					b.Fatal("diff touched more than one peer")
+				}
+			}
+		})
+	}
+}
