@@ -1,0 +1,167 @@
+package netlinkx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// Spec is the host network state a plan asks for.
+type Spec struct {
+	Link     LinkSpec
+	Tunnel   topology.Tunnel
+	Routes   []topology.Route
+	Rules    []topology.Rule
+	Firewall Firewall
+}
+
+// SpecFromPlan extracts the host part of a plan. underlay is the interface
+// auto MTU derives from (Self.PrivateInterface; "" = default route's).
+func SpecFromPlan(p topology.Plan, underlay string) Spec {
+	return Spec{
+		Link: LinkSpec{
+			Name:      p.WireGuard.Interface,
+			MTU:       p.WireGuard.MTU,
+			Underlay:  underlay,
+			Up:        p.WireGuard.Up,
+			Addresses: p.WireGuard.Addresses,
+		},
+		Tunnel:   p.Tunnel,
+		Routes:   p.Routes,
+		Rules:    p.Rules,
+		Firewall: Firewall{NAT: p.NAT},
+	}
+}
+
+// Report says what Apply changed.
+type Report struct {
+	Link     LinkReport     `json:"link"`
+	Tunnel   string         `json:"tunnel,omitempty"`
+	Sysctls  []string       `json:"sysctls,omitempty"`
+	Routes   RouteReport    `json:"routes"`
+	Rules    RuleReport     `json:"rules"`
+	Firewall FirewallReport `json:"firewall"`
+}
+
+// Changed reports whether anything was changed.
+func (r Report) Changed() bool {
+	return r.Link.MTUChanged || r.Link.StateChanged || len(r.Link.AddedAddrs)+len(r.Link.RemovedAddrs) > 0 ||
+		len(r.Sysctls) > 0 || len(r.Routes.Replaced)+len(r.Routes.Deleted) > 0 ||
+		len(r.Rules.Added)+len(r.Rules.Deleted) > 0 || len(r.Firewall.Changes) > 0
+}
+
+// Actuator is what the agent's loop needs; a fake can stand in for it.
+type Actuator interface {
+	Apply(ctx context.Context, spec Spec) (Report, error)
+	Cleanup(ctx context.Context, opts CleanupOptions) error
+	Watch(ctx context.Context, iface string) (<-chan struct{}, error)
+}
+
+var _ Actuator = (*Host)(nil)
+
+// Apply reconciles the host with spec: tunnel, link, sysctls, routes, rules,
+// firewall, in that order (routes need their devices up and addressed). A
+// failing step does not stop the independent later ones; all errors are
+// returned joined, and the agent retries on its next pass.
+func (h *Host) Apply(ctx context.Context, spec Spec) (Report, error) {
+	var rep Report
+	var errs []error
+
+	tunnel, err := h.EnsureTunnel(ctx, spec.Tunnel)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rep.Tunnel = tunnel
+
+	if spec.Link.Name != "" {
+		rep.Link, err = h.EnsureLink(ctx, spec.Link)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rep.Sysctls, err = h.EnsureSysctls(ctx, DesiredSysctls(spec.Link.Name, tunnel))
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rep.Routes, err = h.ReconcileRoutes(ctx, spec.Routes)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rep.Rules, err = h.ReconcileRules(ctx, spec.Rules)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	rep.Firewall, err = h.EnsureFirewall(ctx, spec.Firewall)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if rep.Changed() {
+		h.log.Info("host network applied",
+			"mtu", rep.Link.MTU, "linkStateChanged", rep.Link.StateChanged,
+			"addressesAdded", len(rep.Link.AddedAddrs), "addressesRemoved", len(rep.Link.RemovedAddrs),
+			"sysctls", rep.Sysctls, "routesReplaced", len(rep.Routes.Replaced), "routesDeleted", len(rep.Routes.Deleted),
+			"rulesAdded", len(rep.Rules.Added), "rulesDeleted", len(rep.Rules.Deleted),
+			"firewallChanges", len(rep.Firewall.Changes))
+	}
+	return rep, errors.Join(errs...)
+}
+
+// CleanupOptions configure Cleanup.
+type CleanupOptions struct {
+	// Interface is deleted when DeleteInterface is set.
+	Interface       string
+	DeleteInterface bool
+}
+
+// Cleanup removes everything meshlet installed: its chains and the jumps to
+// them (IPv4 and IPv6), its routes and rules in every table, and the
+// interface if asked. Sysctls are left as they are (other software relies on
+// ip_forward). Missing pieces are not an error, so it is safe to run twice.
+func (h *Host) Cleanup(ctx context.Context, opts CleanupOptions) error {
+	var errs []error
+	if _, err := h.EnsureFirewall(ctx, Firewall{}); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := h.ReconcileRoutes(ctx, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := h.ReconcileRules(ctx, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if opts.DeleteInterface && opts.Interface != "" {
+		l, err := h.nl.LinkByName(opts.Interface)
+		switch {
+		case err == nil:
+			if err := h.nl.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("netlinkx: delete %s: %w", opts.Interface, err))
+			}
+		case !errors.As(err, new(netlink.LinkNotFoundError)):
+			errs = append(errs, fmt.Errorf("netlinkx: look up %s: %w", opts.Interface, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Addresses lists the addresses on a link (for tests and diagnostics).
+func (h *Host) Addresses(name string) ([]netip.Prefix, error) {
+	l, err := h.nl.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("netlinkx: link %s: %w", name, err)
+	}
+	as, err := h.nl.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("netlinkx: addresses of %s: %w", name, err)
+	}
+	var out []netip.Prefix
+	for _, a := range as {
+		if p, ok := prefixOf(a.IPNet); ok {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}

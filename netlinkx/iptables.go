@@ -1,0 +1,302 @@
+package netlinkx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// meshlet's iptables chains. They are owned entirely by meshlet; the only
+// rules it touches outside them are the jumps into them.
+const (
+	ChainNAT     = "MESHLET-NAT"
+	ChainForward = "MESHLET-FORWARD"
+)
+
+type family int
+
+const (
+	ipv4 family = 4
+	ipv6 family = 6
+)
+
+func (f family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
+
+func (f family) has(p netip.Prefix) bool { return p.Addr().Is4() == (f == ipv4) }
+
+// iptablesClient is the part of *iptables.IPTables meshlet uses.
+type iptablesClient interface {
+	List(table, chain string) ([]string, error)
+	ChainExists(table, chain string) (bool, error)
+	NewChain(table, chain string) error
+	ClearAndDeleteChain(table, chain string) error
+	Insert(table, chain string, pos int, rulespec ...string) error
+	Append(table, chain string, rulespec ...string) error
+	Delete(table, chain string, rulespec ...string) error
+	DeleteById(table, chain string, id int) error
+}
+
+// Firewall is the desired iptables state.
+type Firewall struct {
+	NAT topology.NAT
+	// Forward lists prefixes whose traffic meshlet accepts in the FORWARD
+	// chain (for hosts whose FORWARD policy is DROP); empty = no
+	// MESHLET-FORWARD chain.
+	Forward []netip.Prefix
+}
+
+// chainSpec is one meshlet chain and the jumps to it, in iptables -S form
+// without the "-A CHAIN " prefix.
+type chainSpec struct {
+	table, chain, parent string
+	rules                []string // empty = the chain must not exist
+	jumps                []string // rules in parent jumping to chain
+}
+
+// desiredChains renders a Firewall for one family. Pure.
+func desiredChains(fw Firewall, f family) []chainSpec {
+	nat := chainSpec{table: "nat", chain: ChainNAT, parent: "POSTROUTING"}
+	for _, s := range fw.NAT.Sources {
+		if f.has(s) {
+			nat.jumps = append(nat.jumps, "-s "+s.Masked().String()+" -j "+ChainNAT)
+		}
+	}
+	if len(nat.jumps) > 0 {
+		for _, e := range fw.NAT.Exceptions {
+			if f.has(e) {
+				nat.rules = append(nat.rules, "-d "+e.Masked().String()+" -j RETURN")
+			}
+		}
+		nat.rules = append(nat.rules, "-j MASQUERADE")
+	}
+	fwd := chainSpec{table: "filter", chain: ChainForward, parent: "FORWARD"}
+	for _, p := range fw.Forward {
+		if f.has(p) {
+			fwd.rules = append(fwd.rules, "-s "+p.Masked().String()+" -j ACCEPT", "-d "+p.Masked().String()+" -j ACCEPT")
+		}
+	}
+	if len(fwd.rules) > 0 {
+		fwd.jumps = []string{"-j " + ChainForward}
+	}
+	return []chainSpec{nat, fwd}
+}
+
+// chainOp is one edit of a chain: insert rule at 1-based position pos, or
+// delete the rule at position pos.
+type chainOp struct {
+	insert bool
+	pos    int
+	rule   string
+}
+
+// planChain returns the edits that turn current into desired, keeping every
+// rule that is already in place so the chain is never empty or half
+// reordered in between (no packet goes un-masqueraded during a rewrite).
+// Pure.
+func planChain(current, desired []string) []chainOp {
+	var ops []chainOp
+	cur := slices.Clone(current)
+	for i, r := range desired {
+		if i < len(cur) && cur[i] == r {
+			continue
+		}
+		// If the wanted rule sits further down and everything in between
+		// is not wanted at this position, deleting those is cheaper than
+		// inserting; keep it simple and insert.
+		ops = append(ops, chainOp{insert: true, pos: i + 1, rule: r})
+		cur = slices.Insert(cur, i, r)
+	}
+	for n := len(cur); n > len(desired); n-- {
+		ops = append(ops, chainOp{pos: n, rule: cur[n-1]})
+	}
+	return ops
+}
+
+// parseChainList strips "-N"/"-P" lines and the "-A CHAIN " prefix from
+// iptables -S output.
+func parseChainList(lines []string, chain string) []string {
+	var out []string
+	prefix := "-A " + chain + " "
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, strings.TrimSpace(strings.TrimPrefix(l, prefix)))
+		}
+	}
+	return out
+}
+
+// FirewallReport says what EnsureFirewall changed.
+type FirewallReport struct {
+	Changes []string `json:"changes,omitempty"`
+}
+
+func (h *Host) iptables(f family) (iptablesClient, error) {
+	if c, ok := h.ipt[f]; ok {
+		return c, nil
+	}
+	proto := iptables.ProtocolIPv4
+	if f == ipv6 {
+		proto = iptables.ProtocolIPv6
+	}
+	var c *iptables.IPTables
+	err := h.do(func() error {
+		var err error
+		c, err = iptables.New(iptables.IPFamily(proto), iptables.Timeout(5))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("netlinkx: %s iptables: %w", f, err)
+	}
+	if h.ipt == nil {
+		h.ipt = map[family]iptablesClient{}
+	}
+	// Every call must run inside the namespace: wrap the client.
+	h.ipt[f] = nsIPTables{h: h, c: c}
+	return h.ipt[f], nil
+}
+
+// EnsureFirewall reconciles meshlet's chains for IPv4 and IPv6.
+func (h *Host) EnsureFirewall(ctx context.Context, fw Firewall) (FirewallReport, error) {
+	var rep FirewallReport
+	var errs []error
+	for _, f := range []family{ipv4, ipv6} {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		c, err := h.iptables(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, cs := range desiredChains(fw, f) {
+			changes, err := reconcileChain(c, cs)
+			for _, ch := range changes {
+				rep.Changes = append(rep.Changes, f.String()+" "+ch)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("netlinkx: %s %s/%s: %w", f, cs.table, cs.chain, err))
+			}
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+func reconcileChain(c iptablesClient, cs chainSpec) ([]string, error) {
+	var changes []string
+	exists, err := c.ChainExists(cs.table, cs.chain)
+	if err != nil {
+		return nil, err
+	}
+	if len(cs.rules) > 0 && !exists {
+		if err := c.NewChain(cs.table, cs.chain); err != nil {
+			return nil, err
+		}
+		changes = append(changes, "created chain "+cs.table+"/"+cs.chain)
+		exists = true
+	}
+	// Chain content before jumps: a new jump never lands in a chain that is
+	// still being filled.
+	if len(cs.rules) > 0 {
+		lines, err := c.List(cs.table, cs.chain)
+		if err != nil {
+			return changes, err
+		}
+		for _, op := range planChain(parseChainList(lines, cs.chain), cs.rules) {
+			if op.insert {
+				err = c.Insert(cs.table, cs.chain, op.pos, strings.Fields(op.rule)...)
+				changes = append(changes, fmt.Sprintf("%s: insert %d %q", cs.chain, op.pos, op.rule))
+			} else {
+				err = c.DeleteById(cs.table, cs.chain, op.pos)
+				changes = append(changes, fmt.Sprintf("%s: delete %d %q", cs.chain, op.pos, op.rule))
+			}
+			if err != nil {
+				return changes, err
+			}
+		}
+	}
+	// Jumps in the parent chain: remove stale ones, append missing ones.
+	lines, err := c.List(cs.table, cs.parent)
+	if err != nil {
+		return changes, err
+	}
+	var haveJumps []string
+	for _, r := range parseChainList(lines, cs.parent) {
+		if strings.HasSuffix(r, "-j "+cs.chain) {
+			haveJumps = append(haveJumps, r)
+		}
+	}
+	seen := map[string]bool{}
+	for _, r := range haveJumps {
+		if slices.Contains(cs.jumps, r) && !seen[r] {
+			seen[r] = true
+			continue
+		}
+		if err := c.Delete(cs.table, cs.parent, strings.Fields(r)...); err != nil {
+			return changes, err
+		}
+		changes = append(changes, fmt.Sprintf("%s: delete %q", cs.parent, r))
+	}
+	for _, r := range cs.jumps {
+		if seen[r] {
+			continue
+		}
+		if err := c.Append(cs.table, cs.parent, strings.Fields(r)...); err != nil {
+			return changes, err
+		}
+		changes = append(changes, fmt.Sprintf("%s: append %q", cs.parent, r))
+	}
+	if len(cs.rules) == 0 && exists {
+		if err := c.ClearAndDeleteChain(cs.table, cs.chain); err != nil {
+			return changes, err
+		}
+		changes = append(changes, "deleted chain "+cs.table+"/"+cs.chain)
+	}
+	return changes, nil
+}
+
+// nsIPTables runs every go-iptables call inside the Host's namespace.
+type nsIPTables struct {
+	h *Host
+	c *iptables.IPTables
+}
+
+func (n nsIPTables) List(table, chain string) (out []string, err error) {
+	err = n.h.do(func() error { out, err = n.c.List(table, chain); return err })
+	return out, err
+}
+
+func (n nsIPTables) ChainExists(table, chain string) (ok bool, err error) {
+	err = n.h.do(func() error { ok, err = n.c.ChainExists(table, chain); return err })
+	return ok, err
+}
+
+func (n nsIPTables) NewChain(table, chain string) error {
+	return n.h.do(func() error { return n.c.NewChain(table, chain) })
+}
+
+func (n nsIPTables) ClearAndDeleteChain(table, chain string) error {
+	return n.h.do(func() error { return n.c.ClearAndDeleteChain(table, chain) })
+}
+
+func (n nsIPTables) Insert(table, chain string, pos int, rule ...string) error {
+	return n.h.do(func() error { return n.c.Insert(table, chain, pos, rule...) })
+}
+
+func (n nsIPTables) Append(table, chain string, rule ...string) error {
+	return n.h.do(func() error { return n.c.Append(table, chain, rule...) })
+}
+
+func (n nsIPTables) Delete(table, chain string, rule ...string) error {
+	return n.h.do(func() error { return n.c.Delete(table, chain, rule...) })
+}
+
+func (n nsIPTables) DeleteById(table, chain string, id int) error {
+	return n.h.do(func() error { return n.c.DeleteById(table, chain, id) })
+}

@@ -1,0 +1,78 @@
+package netlinkx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// Tunnel device names, in order of preference.
+const (
+	TunnelCilium  = "cilium_tunl"
+	TunnelDefault = "tunl0"
+)
+
+// ErrIPIPUnavailable means the plan needs an IPIP tunnel and the kernel
+// cannot provide one (no ipip module). Routes through the tunnel cannot work;
+// run Kilo/meshlet with --encapsulate=never or load the ipip module.
+var ErrIPIPUnavailable = errors.New("IPIP tunnel needed but the kernel cannot create one (is the ipip module available?)")
+
+// FindTunnel returns the IPIP device present: cilium_tunl, else tunl0, else "".
+func (h *Host) FindTunnel() (string, error) {
+	for _, name := range []string{TunnelCilium, TunnelDefault} {
+		_, err := h.nl.LinkByName(name)
+		if err == nil {
+			return name, nil
+		}
+		if !errors.As(err, new(netlink.LinkNotFoundError)) {
+			return "", fmt.Errorf("netlinkx: look up %s: %w", name, err)
+		}
+	}
+	return "", nil
+}
+
+// EnsureTunnel makes sure the tunnel the plan routes through exists and is
+// up, creating tunl0 only when the plan asks for it. It returns the device
+// name ("" when the plan needs none).
+func (h *Host) EnsureTunnel(ctx context.Context, t topology.Tunnel) (string, error) {
+	if t.Name == "" {
+		return "", nil
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	link, err := h.nl.LinkByName(t.Name)
+	if err != nil && !errors.As(err, new(netlink.LinkNotFoundError)) {
+		return "", fmt.Errorf("netlinkx: look up tunnel %s: %w", t.Name, err)
+	}
+	if link == nil {
+		if t.Name != TunnelDefault || !t.Create {
+			return "", fmt.Errorf("netlinkx: tunnel device %s does not exist (and the plan does not ask to create it)", t.Name)
+		}
+		// Adding an ipip link loads the module when it can; the module
+		// then also creates the fallback tunl0 itself, hence EEXIST is fine.
+		err := h.nl.LinkAdd(&netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: TunnelDefault}})
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return "", fmt.Errorf("netlinkx: create %s: %w: %w", TunnelDefault, ErrIPIPUnavailable, err)
+		}
+		if link, err = h.nl.LinkByName(TunnelDefault); err != nil {
+			return "", fmt.Errorf("netlinkx: %s after creation: %w: %w", TunnelDefault, ErrIPIPUnavailable, err)
+		}
+		h.log.Info("created IPIP tunnel", "device", TunnelDefault)
+	}
+	if link.Type() != "ipip" {
+		return "", fmt.Errorf("netlinkx: tunnel device %s has link type %q, want ipip", t.Name, link.Type())
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		if err := h.nl.LinkSetUp(link); err != nil {
+			return "", fmt.Errorf("netlinkx: set tunnel %s up: %w", t.Name, err)
+		}
+	}
+	return t.Name, nil
+}
