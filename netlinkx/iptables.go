@@ -104,12 +104,15 @@ func planChain(current, desired []string) []chainOp {
 	var ops []chainOp
 	cur := slices.Clone(current)
 	for i, r := range desired {
+		// Drop rules at this position that are wanted nowhere further on
+		// (a removed exception): they must go anyway.
+		for i < len(cur) && cur[i] != r && !slices.Contains(desired[i:], cur[i]) {
+			ops = append(ops, chainOp{pos: i + 1, rule: cur[i]})
+			cur = slices.Delete(cur, i, i+1)
+		}
 		if i < len(cur) && cur[i] == r {
 			continue
 		}
-		// If the wanted rule sits further down and everything in between
-		// is not wanted at this position, deleting those is cheaper than
-		// inserting; keep it simple and insert.
 		ops = append(ops, chainOp{insert: true, pos: i + 1, rule: r})
 		cur = slices.Insert(cur, i, r)
 	}
