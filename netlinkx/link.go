@@ -114,6 +114,16 @@ func (h *Host) EnsureLink(ctx context.Context, spec LinkSpec) (LinkReport, error
 	}
 	add, del := DiffAddrs(desired, current)
 	var errs []error
+	// Add before removing, so the link never loses its last IPv4 address
+	// (the kernel would flush every route through it, kg's too). Deleting a
+	// primary address normally deletes the secondaries of its subnet with
+	// it, which would take a new WireGuard IP in the same subnet along:
+	// promote_secondaries makes the kernel promote it instead.
+	if len(del) > 0 {
+		if _, err := h.EnsureSysctls(ctx, []Sysctl{{Key: "net.ipv4.conf." + spec.Name + ".promote_secondaries", Value: "1"}}); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, p := range add {
 		// AddrReplace: idempotent and also fixes an existing address whose
 		// prefix length or flags differ.
