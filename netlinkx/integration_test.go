@@ -309,7 +309,8 @@ func TestWatchSignalsWithinASecond(t *testing.T) {
 			t.Fatalf("no signal within 1s after %s", what)
 		}
 	}
-	// A foreign change is not a reason to re-apply.
+	// Unrelated noise first (TestEventFilters checks it is ignored; here it
+	// only must not break the subscription).
 	ns.ip(t, "route", "add", "10.8.0.0/24", "dev", "kilo0")
 	ns.ip(t, "route", "del", "10.8.0.0/24", "dev", "kilo0")
 

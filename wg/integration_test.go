@@ -39,7 +39,10 @@ import (
 	"github.com/meshlet/meshlet/agent/topology"
 )
 
-const helperEnv = "MESHLET_WG_HELPER"
+const (
+	helperEnv     = "MESHLET_WG_HELPER"
+	helperModeEnv = "MESHLET_WG_HELPER_MODE" // "" = userspace
+)
 
 func TestMain(m *testing.M) {
 	if name := os.Getenv(helperEnv); name != "" {
@@ -51,12 +54,16 @@ func TestMain(m *testing.M) {
 // runHelper hosts one userspace device until stdin closes.
 func runHelper(name string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dev, err := EnsureDevice(context.Background(), DeviceConfig{Name: name, Mode: ModeUserspace, Logger: log})
+	mode := Mode(os.Getenv(helperModeEnv))
+	if mode == "" {
+		mode = ModeUserspace
+	}
+	dev, err := EnsureDevice(context.Background(), DeviceConfig{Name: name, Mode: mode, Logger: log})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "helper:", err)
+		fmt.Println("error:", err)
 		return 1
 	}
-	fmt.Println("ready")
+	fmt.Println("ready", dev.Kind)
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	if err := dev.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
@@ -112,9 +119,37 @@ type node struct {
 // startNode runs a device in ns, gives it addr, and returns a Manager for it.
 func startNode(t testing.TB, ns string, addr string) *node {
 	t.Helper()
+	dev, line := startHelper(t, ns, ModeUserspace)
+	if line != "ready "+string(KindUserspace) {
+		t.Fatalf("helper for %s did not start (got %q)", dev, line)
+	}
+	run(t, "ip", "-n", ns, "addr", "add", addr, "dev", dev)
+	run(t, "ip", "-n", ns, "link", "set", dev, "up")
+
+	client, err := wgctrl.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	key, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := NewManager(Config{Interface: dev, PrivateKey: key, Client: client,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{ns: ns, dev: dev, mgr: mgr, client: client}
+}
+
+// startHelper runs a device helper in ns and returns the device name and
+// the helper's first line ("ready <kind>" or "error: ...").
+func startHelper(t testing.TB, ns string, mode Mode) (string, string) {
+	t.Helper()
 	dev := uniqueName("mlt")
 	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+dev)
+	cmd.Env = append(os.Environ(), helperEnv+"="+dev, helperModeEnv+"="+string(mode))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -146,30 +181,11 @@ func startNode(t testing.TB, ns string, addr string) *node {
 	}()
 	select {
 	case line := <-ready:
-		if strings.TrimSpace(line) != "ready" {
-			t.Fatalf("helper for %s did not start (got %q)", dev, line)
-		}
+		return dev, strings.TrimSpace(line)
 	case <-time.After(20 * time.Second):
 		t.Fatalf("helper for %s: no ready line within 20s", dev)
 	}
-	run(t, "ip", "-n", ns, "addr", "add", addr, "dev", dev)
-	run(t, "ip", "-n", ns, "link", "set", dev, "up")
-
-	client, err := wgctrl.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	key, err := wgtypes.GeneratePrivateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgr, err := NewManager(Config{Interface: dev, PrivateKey: key, Client: client,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &node{ns: ns, dev: dev, mgr: mgr, client: client}
+	return dev, ""
 }
 
 // vethPair links two namespaces with addresses a and b (CIDR form).
@@ -411,5 +427,31 @@ func TestRoamingEndpointKept(t *testing.T) {
 	}
 	if got := p.a.peerStats(t, bkey).Endpoint; got != netip.MustParseAddrPort("192.168.77.2:51821") {
 		t.Fatalf("non-roaming endpoint = %v, want the configured one", got)
+	}
+}
+
+// TestEnsureDeviceModes: auto falls back to userspace on a kernel without
+// WireGuard (and uses the kernel where it has it); kernel mode fails clearly.
+func TestEnsureDeviceModes(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	kernelWG := exec.Command("ip", "-n", ns, "link", "add", "mlprobe0", "type", "wireguard").Run() == nil
+	_, line := startHelper(t, ns, ModeAuto)
+	want := "ready " + string(KindUserspace)
+	if kernelWG {
+		want = "ready " + string(KindKernel)
+	}
+	if line != want {
+		t.Errorf("auto mode: %q, want %q", line, want)
+	}
+	_, line = startHelper(t, ns, ModeKernel)
+	if kernelWG {
+		if !strings.HasPrefix(line, "ready") {
+			t.Errorf("kernel mode on a WireGuard kernel: %q", line)
+		}
+		return
+	}
+	if !strings.HasPrefix(line, "error:") || !strings.Contains(line, ErrKernelUnsupported.Error()) {
+		t.Errorf("kernel mode without kernel WireGuard: %q, want a clear error", line)
 	}
 }
