@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
@@ -51,9 +52,14 @@ const DefaultMTU = 1420
 
 // DeviceConfig says which device to ensure.
 type DeviceConfig struct {
-	Name   string
-	Mode   Mode // "" = auto
-	Logger *slog.Logger
+	Name string
+	Mode Mode // "" = auto
+	// NetNSPath creates/looks up a kernel device in another network
+	// namespace (e.g. /run/netns/x); "" = this process's namespace. An
+	// in-process userspace device is only possible in this process's
+	// namespace.
+	NetNSPath string
+	Logger    *slog.Logger
 }
 
 // Device is an ensured WireGuard device. Close it on shutdown: for the
@@ -109,8 +115,13 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	nl, err := netlinkHandle(cfg.NetNSPath)
+	if err != nil {
+		return nil, err
+	}
+	defer nl.Close()
 
-	if l, err := netlink.LinkByName(cfg.Name); err == nil {
+	if l, err := nl.LinkByName(cfg.Name); err == nil {
 		switch l.Type() {
 		case "wireguard":
 			if mode == ModeUserspace {
@@ -131,7 +142,7 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 	}
 
 	if mode != ModeUserspace {
-		err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: cfg.Name}})
+		err := nl.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: cfg.Name}})
 		if err == nil {
 			log.Info("created kernel WireGuard device", "interface", cfg.Name)
 			return &Device{Name: cfg.Name, Kind: KindKernel}, nil
@@ -139,9 +150,36 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 		if mode == ModeKernel {
 			return nil, fmt.Errorf("wg: create kernel WireGuard link %s: %w: %w", cfg.Name, ErrKernelUnsupported, err)
 		}
+		if cfg.NetNSPath != "" {
+			return nil, fmt.Errorf("wg: create kernel WireGuard link %s in %s: %w (and a userspace device cannot run in another namespace): %w",
+				cfg.Name, cfg.NetNSPath, ErrKernelUnsupported, err)
+		}
 		log.Info("kernel WireGuard unavailable, using userspace", "interface", cfg.Name, "error", err)
 	}
+	if cfg.NetNSPath != "" {
+		return nil, fmt.Errorf("wg: userspace device %s cannot run in namespace %s: run meshlet inside that namespace", cfg.Name, cfg.NetNSPath)
+	}
 	return startUserspace(cfg.Name, log)
+}
+
+func netlinkHandle(nsPath string) (*netlink.Handle, error) {
+	if nsPath == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, fmt.Errorf("wg: open netlink handle: %w", err)
+		}
+		return h, nil
+	}
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("wg: open network namespace %s: %w", nsPath, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("wg: open netlink handle in %s: %w", nsPath, err)
+	}
+	return h, nil
 }
 
 func socketLive(name string) bool {

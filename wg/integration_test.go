@@ -21,6 +21,7 @@ package wg
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -453,5 +454,31 @@ func TestEnsureDeviceModes(t *testing.T) {
 	}
 	if !strings.HasPrefix(line, "error:") || !strings.Contains(line, ErrKernelUnsupported.Error()) {
 		t.Errorf("kernel mode without kernel WireGuard: %q, want a clear error", line)
+	}
+}
+
+// TestEnsureDeviceInNamespace: a kernel device can be ensured in another
+// namespace through a netlink handle; userspace there is refused clearly.
+func TestEnsureDeviceInNamespace(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	path := "/run/netns/" + ns
+	ctx := context.Background()
+	_, err := EnsureDevice(ctx, DeviceConfig{Name: "kilo0", Mode: ModeUserspace, NetNSPath: path})
+	if err == nil || !strings.Contains(err.Error(), "cannot run in namespace") {
+		t.Errorf("userspace in another namespace: err = %v", err)
+	}
+	dev, err := EnsureDevice(ctx, DeviceConfig{Name: "kilo0", Mode: ModeAuto, NetNSPath: path})
+	if exec.Command("ip", "-n", ns, "link", "add", "mlprobe0", "type", "wireguard").Run() == nil {
+		if err != nil || dev.Kind != KindKernel {
+			t.Fatalf("kernel WireGuard available but EnsureDevice = %+v, %v", dev, err)
+		}
+		if out := run(t, "ip", "-n", ns, "link", "show", "kilo0"); !strings.Contains(out, "kilo0") {
+			t.Errorf("kilo0 not in the namespace: %s", out)
+		}
+		return
+	}
+	if !errors.Is(err, ErrKernelUnsupported) {
+		t.Errorf("auto in another namespace without kernel WireGuard: err = %v, want ErrKernelUnsupported", err)
 	}
 }

@@ -2,6 +2,22 @@
 // (kernel or in-process userspace WireGuard) and reconciles its peers with the
 // plan through wgctrl, changing only what differs so established sessions
 // survive every apply.
+//
+// Typical use by the agent (netlinkx handles MTU, addresses and link state):
+//
+//	key, _, err := wg.LoadOrCreateKey(wg.DefaultKeyPath)
+//	dev, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: "kilo0", Mode: wg.ModeAuto})
+//	defer dev.Close()
+//	client, err := wgctrl.New()
+//	m, err := wg.NewManager(wg.Config{Interface: "kilo0", PrivateKey: key, Client: client})
+//	rep, err := m.Apply(ctx, plan.WireGuard) // on every reconcile
+//	stats, err := m.Stats(ctx)               // at scrape time
+//
+// The device and the wgctrl client live in the agent's own network namespace
+// (hostNetwork). An in-process userspace device cannot live in another
+// namespace: wireguard-go opens its UDP sockets from arbitrary goroutines.
+// Tests therefore run each device in a child process (see
+// integration_test.go).
 package wg
 
 import (
