@@ -1,0 +1,600 @@
+package manifests_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshlet/meshlet/agent/clustermesh"
+	"github.com/meshlet/meshlet/agent/kilo"
+	"github.com/meshlet/meshlet/e2e/apiserver"
+)
+
+const ns = "kilo-system"
+
+var (
+	peersGVR = schema.GroupVersionResource{Group: "kilo.squat.ai", Version: "v1alpha1", Resource: "peers"}
+	cmGVR    = schema.GroupVersionResource{Group: "kilo.squat.ai", Version: "v1alpha1", Resource: "clustermeshes"}
+)
+
+// kustomizeBuild renders dir with kustomize (hack/k8s/ensure.sh tools), or
+// with `kubectl kustomize` (kubectl embeds kustomize) when only the k8s
+// binaries are at hand.
+func kustomizeBuild(t *testing.T, dir string) []byte {
+	t.Helper()
+	var cmd *exec.Cmd
+	if tools, err := apiserver.ToolsDir(); err == nil {
+		cmd = exec.Command(filepath.Join(tools, "kustomize"), "build", dir)
+	} else if p, err2 := exec.LookPath("kustomize"); err2 == nil {
+		cmd = exec.Command(p, "build", dir)
+	} else if kubectl, err3 := apiserver.Bin("kubectl"); err3 == nil {
+		cmd = exec.Command(kubectl, "kustomize", dir)
+	} else {
+		apiserver.SkipOrFail(t, "no kustomize: %v; %v; %v", err, err2, err3)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, stderr.String())
+	}
+	return out
+}
+
+func decode(t *testing.T, b []byte) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := apiserver.DecodeYAML(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+func TestKustomizeBuild(t *testing.T) {
+	objs := decode(t, kustomizeBuild(t, "."))
+	want := map[string]string{
+		"Namespace":                "kilo-system",
+		"CustomResourceDefinition": "peers.kilo.squat.ai",
+		"ServiceAccount":           "meshlet",
+		"ClusterRole":              "meshlet",
+		"ClusterRoleBinding":       "meshlet",
+		"Role":                     "meshlet",
+		"RoleBinding":              "meshlet",
+		"DaemonSet":                "meshlet",
+		"Service":                  "meshlet",
+		"PodMonitor":               "meshlet",
+		"PrometheusRule":           "meshlet",
+	}
+	for kind, name := range want {
+		if find(objs, kind, name) == nil {
+			t.Errorf("kustomize build: no %s %s", kind, name)
+		}
+	}
+	if find(objs, "CustomResourceDefinition", "clustermeshes.kilo.squat.ai") == nil {
+		t.Error("kustomize build: no ClusterMesh CRD")
+	}
+	ds := find(objs, "DaemonSet", "meshlet")
+	if ds == nil {
+		t.FailNow()
+	}
+	// The image is set by the kustomization, not left as the placeholder.
+	cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	img := cs[0].(map[string]any)["image"].(string)
+	if !strings.HasPrefix(img, "ghcr.io/meshlet/meshlet:") {
+		t.Errorf("DaemonSet image %q", img)
+	}
+	// The PodMonitor scrapes the port the DaemonSet names, on its pods.
+	pm := find(objs, "PodMonitor", "meshlet")
+	sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	podLabels, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "labels")
+	for k, v := range sel {
+		if podLabels[k] != v {
+			t.Errorf("PodMonitor selects %s=%s, pods have %v", k, v, podLabels)
+		}
+	}
+	eps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	port := eps[0].(map[string]any)["port"]
+	ports := cs[0].(map[string]any)["ports"].([]any)
+	if ports[0].(map[string]any)["name"] != port {
+		t.Errorf("PodMonitor port %v, container ports %v", port, ports)
+	}
+
+	remote := decode(t, kustomizeBuild(t, "remote"))
+	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
+		if find(remote, kind, "meshlet-remote") == nil {
+			t.Errorf("kustomize build remote: no %s meshlet-remote", kind)
+		}
+	}
+}
+
+// TestPrometheusRuleMatchesRulesFile keeps the PrometheusRule and the plain
+// rules file (the one promtool checks) identical.
+func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
+	var plain, pr map[string]any
+	mustYAML(t, "monitoring/rules.yaml", &plain)
+	mustYAML(t, "monitoring/prometheusrule.yaml", &pr)
+	spec := pr["spec"].(map[string]any)
+	if !reflect.DeepEqual(plain["groups"], spec["groups"]) {
+		t.Fatalf("monitoring/prometheusrule.yaml spec.groups differs from monitoring/rules.yaml:\n%v\n%v", spec["groups"], plain["groups"])
+	}
+}
+
+func TestPromtool(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		apiserver.SkipOrFail(t, "promtool not installed (apt-get install prometheus): %v", err)
+	}
+	for _, args := range [][]string{
+		{"check", "rules", "rules.yaml"},
+		// Includes: never-handshaken peers and idle peers without keepalive
+		// do not fire; a keepalive peer with a stale handshake does.
+		{"test", "rules", "rules_test.yaml"},
+	} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = "monitoring"
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+func mustYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// Minimal stand-ins for the Prometheus Operator's CRDs: the real ones are
+// large and not vendored here. They let the PodMonitor and PrometheusRule go
+// through the same server-side dry-run as everything else (apiVersion, kind,
+// namespace, metadata); their content is checked by TestKustomizeBuild (the
+// PodMonitor's selector and port) and by promtool (the rules).
+const monitoringCRDs = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: podmonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PodMonitor, plural: podmonitors, singular: podmonitor}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            required: [selector]
+            x-kubernetes-preserve-unknown-fields: true
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: prometheusrules.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              groups:
+                type: array
+                items:
+                  type: object
+                  required: [name, rules]
+                  x-kubernetes-preserve-unknown-fields: true
+`
+
+func TestManifestsOnAPIServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv := apiserver.Start(t, apiserver.Options{})
+	admin := srv.AdminConfig()
+	cs := kubernetes.NewForConfigOrDie(admin)
+	dyn := dynamic.NewForConfigOrDie(admin)
+
+	local := decode(t, kustomizeBuild(t, "."))
+	remote := decode(t, kustomizeBuild(t, "remote"))
+
+	// Namespaced objects and custom resources can only be dry-run once their
+	// namespace and CRDs really exist: create those first.
+	var prereq []*unstructured.Unstructured
+	for _, o := range local {
+		if o.GetKind() == "Namespace" || o.GetKind() == "CustomResourceDefinition" {
+			prereq = append(prereq, o)
+		}
+	}
+	if _, err := apiserver.Apply(ctx, admin, []byte(monitoringCRDs), apiserver.ApplyOptions{}); err != nil {
+		t.Fatalf("monitoring CRD stand-ins: %v", err)
+	}
+	if _, err := apiserver.ApplyObjects(ctx, admin, prereq, apiserver.ApplyOptions{}); err != nil {
+		t.Fatalf("namespace and CRDs: %v", err)
+	}
+
+	t.Run("DryRun", func(t *testing.T) {
+		for name, objs := range map[string][]*unstructured.Unstructured{"manifests": local, "manifests/remote": remote} {
+			got, err := apiserver.ApplyObjects(ctx, admin, objs, apiserver.ApplyOptions{DryRun: true})
+			if err != nil {
+				t.Errorf("%s: server-side dry-run: %v", name, err)
+			}
+			if len(got) != len(objs) {
+				t.Errorf("%s: %d of %d objects accepted", name, len(got), len(objs))
+			}
+		}
+		ex, err := os.ReadFile("examples/clustermesh.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := apiserver.Apply(ctx, admin, ex, apiserver.ApplyOptions{DryRun: true}); err != nil {
+			t.Errorf("examples/clustermesh.yaml: %v", err)
+		}
+		// The Kilo affinity patch, applied to a DaemonSet shaped like Kilo's.
+		patch, err := os.ReadFile("examples/kilo-daemonset-affinity.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kiloDS := `{"apiVersion":"apps/v1","kind":"DaemonSet","metadata":{"name":"kilo","namespace":"kilo-system"},
+			"spec":{"selector":{"matchLabels":{"app":"kilo"}},"template":{"metadata":{"labels":{"app":"kilo"}},
+			"spec":{"containers":[{"name":"kilo","image":"squat/kilo:0.7.0"}]}}}}`
+		if _, err := cs.AppsV1().DaemonSets(ns).Create(ctx, mustDS(t, kiloDS), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pj, err := yaml.YAMLToJSON(patch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cs.AppsV1().DaemonSets(ns).Patch(ctx, "kilo", types.StrategicMergePatchType, pj, metav1.PatchOptions{})
+		if err != nil {
+			t.Fatalf("affinity patch: %v", err)
+		}
+		expr := got.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0]
+		if expr.Key != "meshlet.io/agent" || expr.Operator != corev1.NodeSelectorOpNotIn || got.Spec.Template.Spec.Containers[0].Image != "squat/kilo:0.7.0" {
+			t.Errorf("patched Kilo DaemonSet: %+v, image %s", expr, got.Spec.Template.Spec.Containers[0].Image)
+		}
+	})
+
+	t.Run("Discovery", func(t *testing.T) {
+		rl, err := cs.Discovery().ServerResourcesForGroupVersion("kilo.squat.ai/v1alpha1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		byName := map[string]metav1.APIResource{}
+		for _, r := range rl.APIResources {
+			byName[r.Name] = r
+		}
+		if p := byName["peers"]; p.Kind != "Peer" || p.Namespaced {
+			t.Errorf("peers: %+v, want cluster-scoped kind Peer", p)
+		}
+		if c := byName["clustermeshes"]; c.Kind != "ClusterMesh" || !c.Namespaced || !reflect.DeepEqual(c.ShortNames, []string{"cm"}) {
+			t.Errorf("clustermeshes: %+v, want namespaced kind ClusterMesh, short name cm", c)
+		}
+		if _, ok := byName["clustermeshes/status"]; !ok {
+			t.Error("clustermeshes has no status subresource")
+		}
+	})
+
+	t.Run("PeerRoundTrip", func(t *testing.T) {
+		// Every field of Kilo's Peer, as Kilo's docs write them.
+		in := `
+apiVersion: kilo.squat.ai/v1alpha1
+kind: Peer
+metadata: {name: laptop}
+spec:
+  allowedIPs: [10.5.0.1/32, 10.5.1.0/24]
+  endpoint: {dnsOrIP: {dns: vpn.example.com, ip: 203.0.113.7}, port: 51820}
+  persistentKeepalive: 25
+  presharedKey: KVLyHdJ3WfR9aLFFsykVuGUPF1BVLpJZXRtjhm5YsVI=
+  publicKey: GY5aT1N9dTR/nJnT1N2f4ClZWVj0jOAld0r8ysWLyjg=
+`
+		got := roundTrip(ctx, t, dyn.Resource(peersGVR), in)
+		// The server kept exactly what was sent; and meshlet's Go type reads
+		// and writes the same JSON (no field renamed or dropped).
+		var typed kilo.Peer
+		assertSpecRoundTrip(t, in, got, &typed, func() any { return typed.Spec })
+		if typed.Spec.Endpoint == nil || typed.Spec.Endpoint.DNSOrIP.DNS != "vpn.example.com" || typed.Spec.PersistentKeepalive != 25 {
+			t.Errorf("decoded Peer: %+v", typed.Spec)
+		}
+		// Required fields are enforced by the schema, like Kilo's CRD.
+		bad := &unstructured.Unstructured{}
+		bad.SetAPIVersion("kilo.squat.ai/v1alpha1")
+		bad.SetKind("Peer")
+		bad.SetName("nokey")
+		_ = unstructured.SetNestedStringSlice(bad.Object, []string{"10.6.0.1/32"}, "spec", "allowedIPs")
+		if _, err := dyn.Resource(peersGVR).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+			t.Errorf("Peer without publicKey: err=%v, want Invalid", err)
+		}
+	})
+
+	t.Run("ClusterMeshRoundTrip", func(t *testing.T) {
+		in := `
+apiVersion: kilo.squat.ai/v1alpha1
+kind: ClusterMesh
+metadata: {name: prod, namespace: kilo-system}
+spec:
+  clusters:
+  - name: cluster-a
+    local: true
+    allowedNetworks: [10.1.0.0/16, 100.66.0.0/24, 10.96.0.0/12]
+    wireguardPort: 51820
+    persistentKeepalive: 10
+  - name: cluster-b
+    kubeconfigSecretRef: {name: cluster-b-kubeconfig, key: kubeconfig}
+    allowedNetworks: [10.2.0.0/16, 100.66.1.0/24, 10.112.0.0/12]
+    persistentKeepalive: 25
+`
+		ri := dyn.Resource(cmGVR).Namespace(ns)
+		got := roundTrip(ctx, t, ri, in)
+		var typed clustermesh.ClusterMesh
+		assertSpecRoundTrip(t, in, got, &typed, func() any { return typed.Spec })
+
+		// Status subresource: written through /status, ignored on the main
+		// resource (so spec writers and status writers do not clobber each
+		// other).
+		status := map[string]any{
+			"clusters": []any{map[string]any{"name": "cluster-b", "registeredPeers": int64(3), "skippedNodes": int64(1)}},
+			"conditions": []any{map[string]any{"type": "Ready", "status": "True", "reason": "Synced", "message": "",
+				"lastTransitionTime": "2026-01-01T00:00:00Z"}},
+		}
+		_ = unstructured.SetNestedField(got.Object, status, "status")
+		upd, err := ri.UpdateStatus(ctx, got, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatalf("update status: %v", err)
+		}
+		if !reflect.DeepEqual(upd.Object["status"], status) {
+			t.Errorf("status read back %v, want %v", upd.Object["status"], status)
+		}
+		if err := json.Unmarshal(mustJSON(t, upd.Object), &typed); err != nil || typed.Status.Clusters[0].RegisteredPeers != 3 {
+			t.Errorf("typed status: %+v, %v", typed.Status, err)
+		}
+		upd.Object["status"] = map[string]any{}
+		again, err := ri.Update(ctx, upd, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(again.Object["status"], status) {
+			t.Errorf("main resource update changed status to %v", again.Object["status"])
+		}
+	})
+
+	t.Run("RBAC", func(t *testing.T) {
+		// The shipped roles, bound to their shipped ServiceAccounts, with
+		// real tokens (TokenRequest) as a user would put in a kubeconfig.
+		if _, err := apiserver.ApplyObjects(ctx, admin, append(append([]*unstructured.Unstructured{}, local...), remote...), apiserver.ApplyOptions{}); err != nil {
+			t.Fatalf("apply manifests: %v", err)
+		}
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		agentTok, err := srv.ServiceAccountToken(ctx, ns, "meshlet")
+		if err != nil {
+			t.Fatal(err)
+		}
+		remoteTok, err := srv.ServiceAccountToken(ctx, ns, "meshlet-remote")
+		if err != nil {
+			t.Fatal(err)
+		}
+		agent := kubernetes.NewForConfigOrDie(srv.TokenConfig(agentTok))
+		remoteCS := kubernetes.NewForConfigOrDie(srv.TokenConfig(remoteTok))
+		remoteDyn := dynamic.NewForConfigOrDie(srv.TokenConfig(remoteTok))
+		agentDyn := dynamic.NewForConfigOrDie(srv.TokenConfig(agentTok))
+
+		type check struct {
+			verb, group, resource, namespace string
+			allowed                          bool
+		}
+		sar := func(user string, c check) (bool, error) {
+			r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{
+					User:   user,
+					Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+					ResourceAttributes: &authorizationv1.ResourceAttributes{
+						Verb: c.verb, Group: c.group, Resource: c.resource, Namespace: c.namespace,
+					},
+				},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				return false, err
+			}
+			return r.Status.Allowed, nil
+		}
+		cases := map[string][]check{
+			"system:serviceaccount:kilo-system:meshlet-remote": {
+				{"list", "", "nodes", "", true}, {"watch", "", "nodes", "", true}, {"get", "", "nodes", "", true},
+				{"list", "kilo.squat.ai", "peers", "", true}, {"watch", "kilo.squat.ai", "peers", "", true},
+				{"create", "", "nodes", "", false}, {"patch", "", "nodes", "", false}, {"update", "", "nodes", "", false},
+				{"delete", "", "nodes", "", false}, {"patch", "", "nodes/status", "", false},
+				{"create", "kilo.squat.ai", "peers", "", false}, {"patch", "kilo.squat.ai", "peers", "", false},
+				{"delete", "kilo.squat.ai", "peers", "", false},
+				{"get", "", "secrets", ns, false}, {"list", "", "secrets", "", false},
+				{"list", "kilo.squat.ai", "clustermeshes", ns, false}, {"create", "", "events", "default", false},
+			},
+			"system:serviceaccount:kilo-system:meshlet": {
+				{"get", "", "nodes", "", true}, {"list", "", "nodes", "", true}, {"watch", "", "nodes", "", true},
+				{"patch", "", "nodes", "", true},
+				{"list", "kilo.squat.ai", "peers", "", true}, {"watch", "kilo.squat.ai", "peers", "", true},
+				{"create", "", "events", "default", true}, {"patch", "", "events", "default", true},
+				{"create", "events.k8s.io", "events", "default", true},
+				{"list", "kilo.squat.ai", "clustermeshes", ns, true}, {"watch", "kilo.squat.ai", "clustermeshes", ns, true},
+				{"get", "", "secrets", ns, true}, {"watch", "", "secrets", ns, true},
+				// Nothing outside its namespace, no writes beyond the above.
+				{"get", "", "secrets", "other", false}, {"list", "", "secrets", "", false},
+				{"list", "kilo.squat.ai", "clustermeshes", "other", false}, {"list", "kilo.squat.ai", "clustermeshes", "", false},
+				{"create", "", "secrets", ns, false}, {"update", "", "secrets", ns, false},
+				{"create", "", "nodes", "", false}, {"delete", "", "nodes", "", false}, {"update", "", "nodes/status", "", false},
+				{"create", "kilo.squat.ai", "peers", "", false}, {"update", "kilo.squat.ai", "clustermeshes", ns, false},
+			},
+		}
+		for user, checks := range cases {
+			for _, c := range checks {
+				allowed, err := sar(user, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if allowed != c.allowed {
+					t.Errorf("%s: %s %s/%s in %q: allowed=%v, want %v", user, c.verb, c.group, c.resource, c.namespace, allowed, c.allowed)
+				}
+			}
+		}
+
+		// The same, with real calls through the tokens (authentication and
+		// authorization end to end).
+		mustOK := func(what string, err error) {
+			t.Helper()
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		}
+		mustForbidden := func(what string, err error) {
+			t.Helper()
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("%s: err=%v, want Forbidden", what, err)
+			}
+		}
+		_, err = remoteCS.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		mustOK("remote lists nodes", err)
+		_, err = remoteDyn.Resource(peersGVR).List(ctx, metav1.ListOptions{})
+		mustOK("remote lists peers", err)
+		_, err = remoteCS.CoreV1().Nodes().Patch(ctx, "n1", types.MergePatchType, []byte(`{"metadata":{"annotations":{"x":"y"}}}`), metav1.PatchOptions{})
+		mustForbidden("remote patches a node", err)
+		err = remoteCS.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{})
+		mustForbidden("remote deletes a node", err)
+		_, err = remoteCS.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "evil"}}, metav1.CreateOptions{})
+		mustForbidden("remote creates a node", err)
+		err = remoteDyn.Resource(peersGVR).Delete(ctx, "laptop", metav1.DeleteOptions{})
+		mustForbidden("remote deletes a peer", err)
+		_, err = remoteCS.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+		mustForbidden("remote lists secrets", err)
+
+		_, err = agent.CoreV1().Nodes().Patch(ctx, "n1", types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"kilo.squat.ai/key":"GY5aT1N9dTR/nJnT1N2f4ClZWVj0jOAld0r8ysWLyjg="}}}`), metav1.PatchOptions{})
+		mustOK("agent patches its node's annotations", err)
+		_, err = agent.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+		mustOK("agent lists secrets in kilo-system", err)
+		_, err = agent.CoreV1().Secrets("other").List(ctx, metav1.ListOptions{})
+		mustForbidden("agent lists secrets in another namespace", err)
+		_, err = agent.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+		mustForbidden("agent lists secrets cluster-wide", err)
+		_, err = agentDyn.Resource(cmGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+		mustOK("agent lists clustermeshes", err)
+		_, err = agentDyn.Resource(peersGVR).List(ctx, metav1.ListOptions{})
+		mustOK("agent lists peers", err)
+		_, err = agent.EventsV1().Events("default").Create(ctx, &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{Name: "n1.rejected"}, EventTime: metav1.NowMicro(),
+			Regarding: corev1.ObjectReference{Kind: "Node", Name: "n1"}, Reason: "Rejected", Action: "Plan",
+			ReportingController: "meshlet.io/agent", ReportingInstance: "meshlet-n1", Type: corev1.EventTypeWarning, Note: "test",
+		}, metav1.CreateOptions{})
+		mustOK("agent creates an event", err)
+	})
+}
+
+func mustDS(t *testing.T, s string) *appsv1.DaemonSet {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	if err := json.Unmarshal([]byte(s), &ds); err != nil {
+		t.Fatal(err)
+	}
+	return &ds
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// roundTrip creates the YAML object and reads it back from the server.
+func roundTrip(ctx context.Context, t *testing.T, ri dynamic.ResourceInterface, in string) *unstructured.Unstructured {
+	t.Helper()
+	objs := decode(t, []byte(in))
+	if _, err := ri.Create(ctx, objs[0], metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	got, err := ri.Get(ctx, objs[0].GetName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	return got
+}
+
+// assertSpecRoundTrip checks that the server returned spec unchanged (no
+// pruning, no defaulting) and that meshlet's Go type decodes it and encodes
+// the same JSON again.
+func assertSpecRoundTrip(t *testing.T, in string, got *unstructured.Unstructured, typed any, spec func() any) {
+	t.Helper()
+	sent := decode(t, []byte(in))[0]
+	if !reflect.DeepEqual(normalize(t, sent.Object["spec"]), normalize(t, got.Object["spec"])) {
+		t.Errorf("spec changed by the server:\nsent %v\ngot  %v", sent.Object["spec"], got.Object["spec"])
+	}
+	if err := json.Unmarshal(mustJSON(t, got.Object), typed); err != nil {
+		t.Fatalf("decode into %T: %v", typed, err)
+	}
+	if a, b := normalize(t, spec()), normalize(t, got.Object["spec"]); !reflect.DeepEqual(a, b) {
+		t.Errorf("%T spec does not round-trip:\ntyped  %v\nserver %v", typed, a, b)
+	}
+}
+
+// normalize maps any JSON-able value to its generic JSON form (numbers as
+// float64), so YAML-decoded, server-returned and typed values compare.
+func normalize(t *testing.T, v any) any {
+	t.Helper()
+	var out any
+	if err := json.Unmarshal(mustJSON(t, v), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
