@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,7 +68,7 @@ func runEnsure(args ...string) (string, error) {
 	cmd := exec.Command(script, args...)
 	// ensure.sh prints progress on stderr; pass it through so a long cold
 	// build is visible with go test -v.
-	cmd.Stderr = &teeWriter{&stderr, os.Stderr}
+	cmd.Stderr = io.MultiWriter(&stderr, os.Stderr)
 	out, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %v\n%s", script, strings.Join(args, " "), err, stderr.String())
@@ -141,11 +142,4 @@ func findEnsureScript() (string, error) {
 		}
 		dir = parent
 	}
-}
-
-type teeWriter struct{ a, b interface{ Write([]byte) (int, error) } }
-
-func (w *teeWriter) Write(p []byte) (int, error) {
-	w.a.Write(p)
-	return w.b.Write(p)
 }
