@@ -305,15 +305,43 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 		t.Fatal("no handshake with B after ping")
 	}
 
-	// A ping runs throughout: 300 packets, 10 ms apart (~3 s).
+	// A ping runs throughout: 300 packets, 10 ms apart (~3 s). Every reply
+	// line is an event; the applies below wait for fresh replies before and
+	// after each step, so traffic demonstrably flows across every apply.
 	ping := exec.Command("ip", "netns", "exec", p.a.ns, "ping", "-c300", "-i0.01", "-W1", "10.4.0.2")
-	var out strings.Builder
-	ping.Stdout, ping.Stderr = &out, &out
+	ping.Stderr = os.Stderr
+	pingOut, err := ping.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := ping.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var out strings.Builder
+	replies := make(chan struct{}, 1000)
 	pingDone := make(chan error, 1)
-	go func() { pingDone <- ping.Wait() }()
+	go func() {
+		sc := bufio.NewScanner(pingOut)
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+			if strings.Contains(sc.Text(), "bytes from") {
+				replies <- struct{}{}
+			}
+		}
+		pingDone <- ping.Wait()
+	}()
+	awaitReplies := func(n int) {
+		t.Helper()
+		timeout := time.After(5 * time.Second)
+		for range n {
+			select {
+			case <-replies:
+			case <-timeout:
+				t.Fatalf("ping replies stopped")
+			}
+		}
+	}
+	awaitReplies(5)
 
 	steps := []struct {
 		name   string
@@ -348,6 +376,10 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 		if hs := p.a.peerStats(t, bkey).LastHandshake; !hs.Equal(hs0) {
 			t.Fatalf("step %s: B's last handshake moved from %v to %v", s.name, hs0, hs)
 		}
+		for len(replies) > 0 { // only replies after this apply count
+			<-replies
+		}
+		awaitReplies(5)
 	}
 	select {
 	case err := <-pingDone:
@@ -371,10 +403,12 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 	full := wgtypes.Config{ReplacePeers: true, Peers: []wgtypes.PeerConfig{{
 		PublicKey: wgtypes.Key(bkey), Endpoint: udp("192.168.77.2:51821"), ReplaceAllowedIPs: true, AllowedIPs: ipnets("10.4.0.2/32"),
 	}}}
+	replaced := time.Now()
 	if err := p.a.client.ConfigureDevice(p.a.dev, full); err != nil {
 		t.Fatal(err)
 	}
 	waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)
+	t.Logf("full replace: first ping reply %s after the apply", time.Since(replaced).Round(time.Millisecond))
 	hs1 := p.a.peerStats(t, bkey).LastHandshake
 	if !hs1.After(hs0) {
 		t.Fatalf("full replace did not cause a new handshake: before %v after %v", hs0, hs1)
