@@ -245,4 +245,3 @@ func TestTransformPeer(t *testing.T) {
 		t.Fatal("non-Peer not passed through")
 	}
 }
-
