@@ -69,6 +69,8 @@ var _ Actuator = (*Host)(nil)
 // failing step does not stop the independent later ones; all errors are
 // returned joined, and the agent retries on its next pass.
 func (h *Host) Apply(ctx context.Context, spec Spec) (Report, error) {
+	h.applyMu.Lock()
+	defer h.applyMu.Unlock()
 	var rep Report
 	var errs []error
 
@@ -123,6 +125,8 @@ type CleanupOptions struct {
 // interface if asked. Sysctls are left as they are (other software relies on
 // ip_forward). Missing pieces are not an error, so it is safe to run twice.
 func (h *Host) Cleanup(ctx context.Context, opts CleanupOptions) error {
+	h.applyMu.Lock()
+	defer h.applyMu.Unlock()
 	var errs []error
 	if _, err := h.EnsureFirewall(ctx, Firewall{}); err != nil {
 		errs = append(errs, err)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -42,12 +43,17 @@ type Options struct {
 	Logger    *slog.Logger
 }
 
-// Host acts on one network namespace.
+// Host acts on one network namespace. Apply and Cleanup are serialised;
+// Watch and the read helpers may run concurrently with them.
 type Host struct {
-	nl  *netlink.Handle
-	ns  netns.NsHandle // -1 (netns.None) when acting in the current namespace
+	nl  *netlink.Handle // safe for concurrent use (per-request socket lock)
+	ns  netns.NsHandle  // -1 (netns.None) when acting in the current namespace
 	log *slog.Logger
-	ipt map[family]iptablesClient
+
+	applyMu sync.Mutex
+
+	iptMu sync.Mutex
+	ipt   map[family]iptablesClient
 }
 
 // New opens a Host. Close it when done.

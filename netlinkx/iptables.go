@@ -141,6 +141,8 @@ type FirewallReport struct {
 }
 
 func (h *Host) iptables(f family) (iptablesClient, error) {
+	h.iptMu.Lock()
+	defer h.iptMu.Unlock()
 	if c, ok := h.ipt[f]; ok {
 		return c, nil
 	}
