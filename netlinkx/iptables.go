@@ -175,12 +175,19 @@ func (h *Host) EnsureFirewall(ctx context.Context, fw Firewall) (FirewallReport,
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
+		specs := desiredChains(fw, f)
 		c, err := h.iptables(f)
 		if err != nil {
-			errs = append(errs, err)
+			// A host without ip6tables (IPv6 disabled) is fine as long as
+			// nothing is wanted for that family.
+			if slices.ContainsFunc(specs, func(cs chainSpec) bool { return len(cs.rules) > 0 }) {
+				errs = append(errs, err)
+			} else {
+				h.log.Debug("iptables unavailable, nothing wanted for this family", "family", f.String(), "error", err)
+			}
 			continue
 		}
-		for _, cs := range desiredChains(fw, f) {
+		for _, cs := range specs {
 			changes, err := reconcileChain(c, cs)
 			for _, ch := range changes {
 				rep.Changes = append(rep.Changes, f.String()+" "+ch)
