@@ -22,7 +22,7 @@ const Kind = "ClusterMesh"
 // topology.ReasonNetworksOverlap.
 //
 // TODO(topology): move to agent/topology's Reason constants.
-const ReasonMeshConflict topology.Reason = "ClusterMeshConflict"
+const ReasonMeshConflict = topology.ReasonMeshConflict
 
 // DefaultKubeconfigKey is the Secret key used when kubeconfigSecretRef names
 // no key (the operator's conventional key).

@@ -106,6 +106,7 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	default:
 		r.RemoteEndpointInvalid = epBad
 	}
+	n.MalformedEndpoint = r.RemoteEndpointInvalid
 
 	// Internal IP.
 	internal, err := ParsePrefix(a[topology.AnnotationInternalIP])

@@ -393,4 +393,7 @@ const (
 	ReasonOwnKey               Reason = "OwnKey"
 	ReasonDuplicateAllowedIP   Reason = "DuplicateAllowedIP"
 	ReasonNoPublicKey          Reason = "NoPublicKey"
+	// ReasonMeshConflict: a cluster declared with different allowedNetworks
+	// in two ClusterMeshes (the earlier mesh wins).
+	ReasonMeshConflict Reason = "ClusterMeshConflict"
 )
