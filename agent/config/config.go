@@ -63,7 +63,8 @@ func (s *stringList) Set(v string) error {
 }
 
 // RegisterTopology registers the flags that shape the plan (shared by
-// `meshlet run` and `meshlet plan`).
+// `meshlet run` and `meshlet plan`). A caller that defines its own "local"
+// flag first (meshlet plan, where --local names a file) keeps it.
 func (c *Config) RegisterTopology(fs *flag.FlagSet) {
 	fs.StringVar(&c.Hostname, "hostname", "", "name of this node (default: $NODE_NAME, else the host name)")
 	fs.StringVar(&c.ClusterName, "cluster-name", "", "this cluster's name in ClusterMesh objects (default: the entry marked local)")
@@ -72,7 +73,9 @@ func (c *Config) RegisterTopology(fs *flag.FlagSet) {
 	fs.StringVar(&c.Subnet, "subnet", "10.4.0.0/16", "CIDR from which segment leaders get their WireGuard IPs")
 	fs.StringVar(&c.Granularity, "mesh-granularity", "location", "location, full or cross")
 	fs.StringVar(&c.TopologyLabel, "topology-label", "topology.kubernetes.io/region", "node label that names a node's location")
-	fs.BoolVar(&c.Local, "local", true, "route traffic inside a location (false when the CNI does it, e.g. Cilium)")
+	if fs.Lookup("local") == nil {
+		fs.BoolVar(&c.Local, "local", true, "route traffic inside a location (false when the CNI does it, e.g. Cilium)")
+	}
 	fs.StringVar(&c.Compatibility, "compatibility", "", `CNI compatibility: "" or cilium`)
 	fs.StringVar(&c.Encapsulate, "encapsulate", "always", "IPIP encapsulation inside a location: never, crosssubnet or always")
 	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface: a number or auto (underlay MTU − 80)")

@@ -64,11 +64,16 @@ func (p *planner) remoteClusters() {
 	p.remotes = remotes
 	for _, r := range remotes {
 		info := RemoteInfo{Cluster: r.entry.Name, Mesh: r.mesh.Namespace + "/" + r.mesh.Name, AllowedNetworks: r.networks}
-		if rc := p.remoteState(r.entry.Name); rc != nil {
+		rc := p.remoteState(r.entry.Name)
+		if rc != nil {
 			info.Synced = rc.Synced
-			if p.plan.Leader && rc.Synced {
-				info.Leaders = p.remotePeers(r, rc)
-			}
+		}
+		switch {
+		case !p.plan.Leader:
+		case rc != nil && rc.Synced:
+			info.Leaders = p.remotePeers(r, rc)
+		default:
+			p.plan.WireGuard.Preserve = append(p.plan.WireGuard.Preserve, r.networks...)
 		}
 		p.plan.Remotes = append(p.plan.Remotes, info)
 	}
@@ -184,8 +189,13 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 		for _, n := range g.nodes {
 			nref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
 			ips = append(ips, p.clip(r, nref, "podCIDRs", n.PodCIDRs)...)
-			if n.InternalIP.IsValid() {
-				ips = append(ips, p.clip(r, nref, "internal-ip", []netip.Prefix{host(n.InternalIP.Addr())})...)
+			// Private IPs are routed only when the cluster lists its host
+			// networks in allowedNetworks; otherwise they are left out
+			// quietly (most meshes route pods and services only).
+			if ip := host(n.InternalIP.Addr()); n.InternalIP.IsValid() {
+				if _, in := r.allowed.covering(ip); in {
+					ips = append(ips, p.clip(r, nref, "internal-ip", []netip.Prefix{ip})...)
+				}
 			}
 			ips = append(ips, p.clip(r, nref, "allowed-location-ips", n.AllowedLocationIPs)...)
 		}

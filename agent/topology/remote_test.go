@@ -248,4 +248,13 @@ func TestUnsyncedRemoteRoutesOnly(t *testing.T) {
 	if _, ok := routeTo(pl, "10.2.0.0/16", 0); !ok {
 		t.Error("remote networks must still route to kilo0 (never leak to the default route)")
 	}
+	// The device keeps whatever peers it has for that cluster until the
+	// watcher has synced (e.g. right after a restart).
+	if !reflect.DeepEqual(pl.WireGuard.Preserve, snap.Meshes[0].Clusters[1].AllowedNetworks) {
+		t.Errorf("preserve = %v", pl.WireGuard.Preserve)
+	}
+	snap.Remotes = nil // not even watched yet
+	if pl = Compute(snap, selfOf(snap.Nodes[1], "eth0")); len(pl.WireGuard.Preserve) != 4 {
+		t.Errorf("preserve without a watcher = %v", pl.WireGuard.Preserve)
+	}
 }

@@ -7,6 +7,7 @@ package topology
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"time"
@@ -228,8 +229,8 @@ const (
 type WireGuardPeer struct {
 	Name      string   `json:"name"`
 	Kind      PeerKind `json:"kind"`
-	Cluster   string   `json:"cluster,omitempty"`
-	Location  string   `json:"location,omitempty"`
+	Cluster   string   `json:"cluster"`
+	Location  string   `json:"location"`
 	PublicKey Key      `json:"publicKey"`
 	// Endpoint is "host:port" (host may be a DNS name) or "" for none.
 	Endpoint            string          `json:"endpoint"`
@@ -251,23 +252,28 @@ type Device struct {
 	Up         bool            `json:"up"`
 	Addresses  []netip.Prefix  `json:"addresses"`
 	Peers      []WireGuardPeer `json:"peers"`
+	// Preserve lists networks whose peers are unknown right now (a remote
+	// cluster not synced yet, e.g. just after a restart): a device peer that
+	// is not in Peers but whose allowed IPs all lie inside Preserve is left
+	// as it is, so its session survives until the watcher knows better.
+	Preserve []netip.Prefix `json:"preserve,omitempty"`
 }
 
 // Route is one desired route. Table 0 means main.
 type Route struct {
 	Dst    netip.Prefix `json:"dst"`
-	Gw     netip.Addr   `json:"gw,omitzero"`
-	Dev    string       `json:"dev,omitempty"`
-	Src    netip.Addr   `json:"src,omitzero"`
-	Table  int          `json:"table,omitempty"`
-	OnLink bool         `json:"onlink,omitempty"`
+	Gw     netip.Addr   `json:"gw"`
+	Dev    string       `json:"dev"`
+	Src    netip.Addr   `json:"src"`
+	Table  int          `json:"table"` // 0 = main
+	OnLink bool         `json:"onlink"`
 }
 
 // Rule is one desired policy routing rule.
 type Rule struct {
-	Iif   string       `json:"iif,omitempty"`
-	Src   netip.Prefix `json:"src,omitzero"`
-	Dst   netip.Prefix `json:"dst,omitzero"`
+	Iif   string       `json:"iif"`
+	Src   netip.Prefix `json:"src"`
+	Dst   netip.Prefix `json:"dst"`
 	Table int          `json:"table"`
 }
 
@@ -314,6 +320,21 @@ func (o ObjectRef) String() string {
 	return s + o.Name
 }
 
+// MarshalJSON writes the object as one readable string ("cluster:Kind/name")
+// next to its parts.
+func (r Rejection) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Object    string `json:"object"`
+		Kind      string `json:"kind"`
+		Cluster   string `json:"cluster,omitempty"`
+		Namespace string `json:"namespace,omitempty"`
+		Name      string `json:"name"`
+		Field     string `json:"field,omitempty"`
+		Reason    Reason `json:"reason"`
+		Message   string `json:"message"`
+	}{r.Object.String(), r.Object.Kind, r.Object.Cluster, r.Object.Namespace, r.Object.Name, r.Field, r.Reason, r.Message})
+}
+
 // Rejection is input the planner refused, with the reason.
 type Rejection struct {
 	Object  ObjectRef `json:"object"`
@@ -329,7 +350,7 @@ type Plan struct {
 	Leader      bool              `json:"leader"`
 	Segment     string            `json:"segment"`
 	Location    string            `json:"location,omitempty"`
-	WireGuardIP netip.Prefix      `json:"wireguardIP,omitzero"`
+	WireGuardIP netip.Prefix      `json:"wireguardIP"`
 	WireGuard   Device            `json:"wireguard"`
 	Routes      []Route           `json:"routes"`
 	Rules       []Rule            `json:"rules"`
