@@ -65,7 +65,7 @@ type Options struct {
 // Server is one etcd + kube-apiserver pair. Its methods are safe to call from
 // the test goroutine; Stop and Start must not race each other.
 type Server struct {
-	t    testing.TB
+	t    tb
 	opts Options
 	dir  string
 	bins binaries
@@ -81,6 +81,15 @@ type Server struct {
 }
 
 const adminUser = "admin"
+
+// tb is the part of testing.TB a Server uses after it started, so a
+// program that is not a test (the demo) can run one through StartServer.
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	Failed() bool
+}
 
 // Start starts etcd and kube-apiserver, waits until /readyz answers OK and
 // registers a cleanup that kills both (by PID) when the test ends, passed or
