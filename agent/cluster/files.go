@@ -75,19 +75,19 @@ func (o *Objects) add(j []byte) error {
 	case tm.Kind == "Node" && tm.APIVersion == "v1":
 		var n corev1.Node
 		if err := json.Unmarshal(j, &n); err != nil {
-			return fmt.Errorf("Node: %w", err)
+			return fmt.Errorf("decoding a Node: %w", err)
 		}
 		o.Nodes = append(o.Nodes, &n)
 	case tm.Kind == "Peer" && strings.HasPrefix(tm.APIVersion, kilo.GroupName+"/"):
 		var p kilo.Peer
 		if err := json.Unmarshal(j, &p); err != nil {
-			return fmt.Errorf("Peer: %w", err)
+			return fmt.Errorf("decoding a Peer: %w", err)
 		}
 		o.Peers = append(o.Peers, &p)
 	case tm.Kind == clustermesh.Kind && strings.HasPrefix(tm.APIVersion, clustermesh.GroupName+"/"):
 		var m clustermesh.ClusterMesh
 		if err := json.Unmarshal(j, &m); err != nil {
-			return fmt.Errorf("ClusterMesh: %w", err)
+			return fmt.Errorf("decoding a ClusterMesh: %w", err)
 		}
 		o.Meshes = append(o.Meshes, &m)
 	case tm.Kind == "":

@@ -64,7 +64,8 @@ func TestReportOncePerRejection(t *testing.T) {
 
 func TestEventNameIsStableAndValid(t *testing.T) {
 	r := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Name: "Node-1"}, Reason: topology.ReasonInvalidCIDR, Message: "x"}
-	if EventName(r) != EventName(r) || EventName(r)[:7] != "node-1." {
+	again := r
+	if EventName(r) != EventName(again) || EventName(r)[:7] != "node-1." {
 		t.Fatalf("name = %s", EventName(r))
 	}
 	r2 := r
