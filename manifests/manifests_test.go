@@ -476,6 +476,25 @@ spec:
 				{"create", "kilo.squat.ai", "peers", "", false}, {"update", "kilo.squat.ai", "clustermeshes", ns, false},
 			},
 		}
+		// The RBAC authorizer sees new bindings through an informer: wait
+		// until the first grant of each user is visible (polling with a
+		// deadline) before asserting, so a denial below is a real denial.
+		for user, checks := range cases {
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				allowed, err := sar(user, checks[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if allowed {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %+v never allowed", user, checks[0])
+				}
+				time.Sleep(50 * time.Millisecond) // poll interval
+			}
+		}
 		for user, checks := range cases {
 			for _, c := range checks {
 				allowed, err := sar(user, c)

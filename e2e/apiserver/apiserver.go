@@ -121,7 +121,9 @@ func Start(t testing.TB, opts Options) *Server {
 		if err = s.pickPorts(); err != nil {
 			break
 		}
+		start := time.Now()
 		if err = s.start(); err == nil {
+			t.Logf("apiserver: ready at %s in %s (dir %s)", s.URL(), time.Since(start).Round(time.Millisecond), s.dir)
 			return s
 		}
 		s.kill()
@@ -184,6 +186,8 @@ func (s *Server) tokenConfig(token string) *rest.Config {
 // connection refused until Start. Used to simulate an API outage.
 func (s *Server) Stop() {
 	s.t.Helper()
+	start := time.Now()
+	defer func() { s.t.Logf("apiserver: stopped in %s", time.Since(start).Round(time.Millisecond)) }()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// kube-apiserver first, so it does not log a storm of etcd errors.
@@ -199,21 +203,24 @@ func (s *Server) Stop() {
 // data, and waits until it is ready.
 func (s *Server) Start() {
 	s.t.Helper()
+	start := time.Now()
 	if err := s.start(); err != nil {
 		s.t.Fatalf("apiserver: restart: %v", err)
 	}
+	s.t.Logf("apiserver: restarted in %s", time.Since(start).Round(time.Millisecond))
 }
 
 func (s *Server) kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.kubeAPI != nil && s.t.Failed() {
+		// Before stopping: afterwards the log ends in shutdown noise.
+		s.t.Logf("apiserver: last lines of %s:\n%s", s.kubeAPI.log, tail(s.kubeAPI.log, 30))
+	}
 	for _, p := range []*proc{s.kubeAPI, s.etcd} {
 		if p != nil {
 			p.stop(5 * time.Second)
 		}
-	}
-	if s.kubeAPI != nil && s.t.Failed() {
-		s.t.Logf("apiserver: last lines of %s:\n%s", s.kubeAPI.log, tail(s.kubeAPI.log, 30))
 	}
 	s.kubeAPI, s.etcd = nil, nil
 }
@@ -367,6 +374,9 @@ func (s *Server) start() error {
 		// that does not run here (no controller-manager).
 		"--disable-admission-plugins=ServiceAccount",
 		"--enable-priority-and-fairness=false",
+		// As kubeadm and Talos set it: DaemonSets like meshlet's (hostNetwork,
+		// NET_ADMIN) are otherwise refused "by cluster policy".
+		"--allow-privileged=true",
 		"--profiling=false",
 		"--v=1",
 	}

@@ -71,6 +71,7 @@ ensure() { # $1: final dir, $2: build function
 		tmp=$(mktemp -d "$dest.tmp.XXXXXX")
 		trap 'rm -rf "$tmp"' EXIT
 		"$fn" "$tmp"
+		chmod 755 "$tmp" # mktemp makes it 0700
 		mv -T "$tmp" "$dest" # rename(2): atomic, dest does not exist
 		trap - EXIT
 		echo "ensure.sh: built $dest in $(($(date +%s) - start))s" >&2
