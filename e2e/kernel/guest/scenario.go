@@ -1,0 +1,165 @@
+package main
+
+import (
+	"net/netip"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// The scenario: one cluster, Cozystack-style settings (Cilium compatibility,
+// --local=false, --encapsulate=crosssubnet), two locations.
+//
+//	location a: leader (segment leader), worker (non-leader)
+//	location b: remote (alone, so its own leader)
+//
+// Every node has a private address on its location's subnet (its Kubernetes
+// InternalIP) and a public address (its WireGuard endpoint) on one shared
+// underlay bridge. Location b's private subnet is not reachable from
+// location a except through WireGuard, as in a real multi-site cluster.
+// Each node has a cilium_host address inside its pod CIDR (Cilium's router
+// IP, the cni-compatibility-ip), and worker and remote have a pod: a network
+// namespace behind a veth, like a Cilium endpoint.
+//
+// The remote site is a second location of the same cluster rather than a
+// second cluster: the datapath under test (non-leader -> IPIP -> leader ->
+// kilo0 -> remote, replies through table 1107) is the same, and one
+// snapshot describes all three nodes.
+
+// underlay is each node's interface towards the bridge.
+const underlay = "eth0"
+
+// tunnelDev is the IPIP device every node has before it is planned, as
+// Cilium creates it with enable-ipip-termination.
+const tunnelDev = topology.TunnelCilium
+
+// nodeDef is one node of the scenario as data.
+type nodeDef struct {
+	Name     string
+	Location string
+	Leader   bool
+	// Private is the node's InternalIP with its subnet (on eth0).
+	Private netip.Prefix
+	// Public is the WireGuard endpoint address (on eth0, /24 of publicNet).
+	Public netip.Addr
+	// CiliumHost is the cilium_host address (cni-compatibility-ip).
+	CiliumHost netip.Prefix
+	PodCIDR    netip.Prefix
+	// Pod is the address of the node's pod namespace; zero = no pod.
+	Pod netip.Addr
+}
+
+var publicNet = netip.MustParsePrefix("198.51.100.0/24")
+
+var (
+	leaderNode = nodeDef{
+		Name: "leader", Location: "a", Leader: true,
+		Private:    netip.MustParsePrefix("192.168.1.10/24"),
+		Public:     netip.MustParseAddr("198.51.100.10"),
+		CiliumHost: netip.MustParsePrefix("10.244.0.1/32"),
+		PodCIDR:    netip.MustParsePrefix("10.244.0.0/24"),
+	}
+	workerNode = nodeDef{
+		Name: "worker", Location: "a",
+		Private:    netip.MustParsePrefix("192.168.1.11/24"),
+		Public:     netip.MustParseAddr("198.51.100.11"),
+		CiliumHost: netip.MustParsePrefix("10.244.1.1/32"),
+		PodCIDR:    netip.MustParsePrefix("10.244.1.0/24"),
+		Pod:        netip.MustParseAddr("10.244.1.10"),
+	}
+	remoteNode = nodeDef{
+		Name: "remote", Location: "b",
+		Private:    netip.MustParsePrefix("192.168.2.20/24"),
+		Public:     netip.MustParseAddr("198.51.100.20"),
+		CiliumHost: netip.MustParsePrefix("10.244.2.1/32"),
+		PodCIDR:    netip.MustParsePrefix("10.244.2.0/24"),
+		Pod:        netip.MustParseAddr("10.244.2.10"),
+	}
+	scenarioNodes = []nodeDef{leaderNode, workerNode, remoteNode}
+)
+
+// wgPort is every node's WireGuard listen port.
+const wgPort = 51820
+
+func (n nodeDef) endpoint() string {
+	return netip.AddrPortFrom(n.Public, wgPort).String()
+}
+
+// settings are the agent flags of the scenario (Cozystack's Kilo setup).
+func settings() topology.Settings {
+	return topology.Settings{
+		Interface:     "kilo0",
+		Granularity:   topology.GranularityLocation,
+		Subnet:        netip.MustParsePrefix("10.4.0.0/16"),
+		Port:          wgPort,
+		Encapsulate:   topology.EncapsulateCrossSubnet,
+		Local:         false,
+		Compatibility: topology.CompatibilityCilium,
+	}
+}
+
+// keys holds every node's private key.
+type keys map[string]wgtypes.Key
+
+func generateKeys() (keys, error) {
+	ks := keys{}
+	for _, n := range scenarioNodes {
+		k, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			return nil, err
+		}
+		ks[n.Name] = k
+	}
+	return ks, nil
+}
+
+func (ks keys) public(name string) topology.Key {
+	return topology.Key(ks[name].PublicKey())
+}
+
+// snapshot is the planner input every node sees: the three Node objects as
+// the watchers would have parsed them from their annotations.
+func snapshot(ks keys, now time.Time) topology.Snapshot {
+	var nodes []topology.Node
+	for _, n := range scenarioNodes {
+		nodes = append(nodes, topology.Node{
+			Name:               n.Name,
+			LocationAnnotation: n.Location,
+			Leader:             n.Leader,
+			Endpoint:           n.endpoint(),
+			InternalIP:         n.Private,
+			PublicKey:          ks.public(n.Name),
+			PodCIDRs:           []netip.Prefix{n.PodCIDR},
+			LastSeen:           now,
+			Granularity:        topology.GranularityLocation,
+			CNICompatibilityIP: n.CiliumHost,
+			Ready:              true,
+		})
+	}
+	return topology.Snapshot{Now: now, Settings: settings(), Nodes: nodes}
+}
+
+// self is what node n knows about itself that no object holds.
+func self(n nodeDef, ks keys) topology.Self {
+	return topology.Self{
+		Name:             n.Name,
+		PrivateIP:        n.Private,
+		PrivateInterface: underlay,
+		CiliumHostIP:     n.CiliumHost,
+		Endpoint:         n.endpoint(),
+		PublicKey:        ks.public(n.Name),
+		TunnelDevice:     tunnelDev,
+	}
+}
+
+// plans computes every node's plan from the same snapshot.
+func plans(ks keys, now time.Time) map[string]topology.Plan {
+	snap := snapshot(ks, now)
+	out := map[string]topology.Plan{}
+	for _, n := range scenarioNodes {
+		out[n.Name] = topology.Compute(snap, self(n, ks))
+	}
+	return out
+}
