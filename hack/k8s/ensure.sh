@@ -48,7 +48,7 @@ build_k8s() { # $1: temp dir to fill
 	(cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3)
 	"$out/kube-apiserver" --version >&2
 	"$out/kubectl" version --client >&2
-	"$out/etcd" --version | head -1 >&2
+	"$out/etcd" --version >&2
 }
 
 build_tools() {
@@ -61,17 +61,18 @@ build_tools() {
 }
 
 ensure() { # $1: final dir, $2: build function
-	local dest=$1 fn=$2 tmp start
+	local dest=$1 fn=$2 start
 	[ -d "$dest" ] && { echo "$dest"; return; }
 	# Serialise builders; re-check after taking the lock.
 	exec {lockfd}>"$dest.lock"
 	flock "$lockfd"
 	if [ ! -d "$dest" ]; then
 		start=$(date +%s)
+		# Global, not local: the EXIT trap may run outside this function.
 		tmp=$(mktemp -d "$dest.tmp.XXXXXX")
 		trap 'rm -rf "$tmp"' EXIT
 		"$fn" "$tmp"
-		chmod 755 "$tmp" # mktemp makes it 0700
+		chmod 755 "$tmp"     # mktemp makes it 0700
 		mv -T "$tmp" "$dest" # rename(2): atomic, dest does not exist
 		trap - EXIT
 		echo "ensure.sh: built $dest in $(($(date +%s) - start))s" >&2
