@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"sync"
 	"time"
 
@@ -30,18 +29,11 @@ type Local struct {
 	nodeInf, peerInf, meshInf, secretInf cache.SharedIndexInformer
 
 	mu       sync.RWMutex
-	nodes    map[string]kilo.NodeResult
-	peers    map[string]convertedPeer
+	objs     objects
 	meshes   map[string]*clustermesh.ClusterMesh
 	secrets  map[string]map[string][]byte // name → data
 	self     *corev1.Node                 // this node as last seen
 	selfName string
-}
-
-type convertedPeer struct {
-	peer       topology.Peer
-	ok         bool
-	rejections []topology.Rejection
 }
 
 // LocalOptions configure the local watcher.
@@ -65,7 +57,7 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	}
 	l := &Local{
 		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node,
-		nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{},
+		objs:   newObjects(""),
 		meshes: map[string]*clustermesh.ClusterMesh{}, secrets: map[string]map[string][]byte{},
 	}
 	nf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTransform(kilo.TransformNode))
@@ -121,11 +113,7 @@ func (l *Local) onNode(obj interface{}, deleted bool) {
 		return
 	}
 	l.mu.Lock()
-	if deleted {
-		delete(l.nodes, n.Name)
-	} else {
-		l.nodes[n.Name] = kilo.ConvertNode(n, "")
-	}
+	l.objs.setNode(n, deleted)
 	if n.Name == l.selfName {
 		l.self = n
 		if deleted {
@@ -142,12 +130,7 @@ func (l *Local) onPeer(obj interface{}, deleted bool) {
 		return
 	}
 	l.mu.Lock()
-	if deleted {
-		delete(l.peers, p.Name)
-	} else {
-		tp, rejs, ok := kilo.PeerToTopology(p, "")
-		l.peers[p.Name] = convertedPeer{peer: tp, ok: ok, rejections: rejs}
-	}
+	l.objs.setPeer(p, deleted)
 	l.mu.Unlock()
 	l.changed()
 }
@@ -214,28 +197,7 @@ func (l *Local) State(clusterName string) LocalState {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var st LocalState
-	names := make([]string, 0, len(l.nodes))
-	for name := range l.nodes {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		r := l.nodes[name]
-		st.Nodes = append(st.Nodes, r.Node)
-		st.Rejections = append(st.Rejections, r.Rejections...)
-	}
-	names = names[:0]
-	for name := range l.peers {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		p := l.peers[name]
-		if p.ok {
-			st.Peers = append(st.Peers, p.peer)
-		}
-		st.Rejections = append(st.Rejections, p.rejections...)
-	}
+	st.Nodes, st.Peers, st.Rejections = l.objs.state()
 	meshes := make([]*clustermesh.ClusterMesh, 0, len(l.meshes))
 	for _, m := range l.meshes {
 		meshes = append(meshes, m)

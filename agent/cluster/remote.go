@@ -87,7 +87,7 @@ func (rs *Remotes) Sync(leader bool, kcs []clustermesh.Kubeconfig, secrets Secre
 	for name, data := range want {
 		w := rs.watchers[name]
 		if w == nil {
-			w = &remote{name: name, rs: rs, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}}
+			w = &remote{name: name, rs: rs, objs: newObjects(name)}
 			rs.watchers[name] = w
 		}
 		if data == nil {
@@ -167,8 +167,7 @@ type remote struct {
 	mu         sync.Mutex
 	cancel     context.CancelFunc
 	gen        int
-	nodes      map[string]kilo.NodeResult
-	peers      map[string]convertedPeer
+	objs       objects
 	synced     bool      // listed once (ever)
 	ready      bool      // last probe succeeded
 	lastReady  time.Time // last time the API answered
@@ -225,11 +224,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		}
 		w.mu.Lock()
 		if gen == w.gen {
-			if deleted {
-				delete(w.nodes, n.Name)
-			} else {
-				w.nodes[n.Name] = kilo.ConvertNode(n, w.name)
-			}
+			w.objs.setNode(n, deleted)
 		}
 		w.mu.Unlock()
 		w.rs.notify()
@@ -241,12 +236,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		}
 		w.mu.Lock()
 		if gen == w.gen {
-			if deleted {
-				delete(w.peers, p.Name)
-			} else {
-				tp, rejs, ok := kilo.PeerToTopology(p, w.name)
-				w.peers[p.Name] = convertedPeer{peer: tp, ok: ok, rejections: rejs}
-			}
+			w.objs.setPeer(p, deleted)
 		}
 		w.mu.Unlock()
 		w.rs.notify()
@@ -281,25 +271,9 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 // prune drops objects the new connection does not know (deleted while the
 // previous connection was down or being replaced).
 func (w *remote) prune(nodes cache.Store, peerInf cache.SharedIndexInformer) {
-	have := map[string]bool{}
-	for _, k := range nodes.ListKeys() {
-		have[k] = true
-	}
-	for name := range w.nodes {
-		if !have[name] {
-			delete(w.nodes, name)
-		}
-	}
+	retain(w.objs.nodes, nodes.ListKeys())
 	if peerInf.HasSynced() {
-		have = map[string]bool{}
-		for _, k := range peerInf.GetStore().ListKeys() {
-			have[k] = true
-		}
-		for name := range w.peers {
-			if !have[name] {
-				delete(w.peers, name)
-			}
-		}
+		retain(w.objs.peers, peerInf.GetStore().ListKeys())
 	}
 }
 
@@ -338,7 +312,7 @@ func (w *remote) setReady(ok bool) {
 	if ok {
 		w.lastReady = time.Now()
 	}
-	n := len(w.nodes)
+	n := len(w.objs.nodes)
 	w.mu.Unlock()
 	if m := w.rs.Metrics; m != nil {
 		v := 0.0
@@ -364,28 +338,7 @@ func (w *remote) state() (topology.RemoteCluster, []topology.Rejection) {
 		rc.ObservedAt = w.lastReady
 	}
 	var rejs []topology.Rejection
-	names := make([]string, 0, len(w.nodes))
-	for n := range w.nodes {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		r := w.nodes[n]
-		rc.Nodes = append(rc.Nodes, r.Node)
-		rejs = append(rejs, r.Rejections...)
-	}
-	names = names[:0]
-	for n := range w.peers {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		p := w.peers[n]
-		if p.ok {
-			rc.Peers = append(rc.Peers, p.peer)
-		}
-		rejs = append(rejs, p.rejections...)
-	}
+	rc.Nodes, rc.Peers, rejs = w.objs.state()
 	if w.connectErr != nil {
 		rejs = append(rejs, topology.Rejection{Object: topology.ObjectRef{Kind: "Secret", Cluster: w.name, Name: "kubeconfig"},
 			Reason: topology.ReasonInvalidClusterMesh, Message: fmt.Sprintf("kubeconfig unusable: %v", w.connectErr)})
