@@ -29,8 +29,9 @@ COPY --from=build /out/meshlet /usr/local/bin/meshlet
 # Runs as root: configuring kilo0, routes, rules and iptables in the host's
 # network namespace needs CAP_NET_ADMIN (and CAP_NET_RAW for iptables-legacy)
 # in the init user namespace, and iptables refuses to run as a non-root user
-# even with file capabilities. The DaemonSet drops every other capability and
-# mounts the root filesystem read-only.
+# even with file capabilities. The DaemonSet runs it privileged, as Kilo's kg,
+# because writing sysctls (ip_forward, rp_filter) needs a writable /proc/sys,
+# with a read-only root filesystem (see manifests/daemonset.yaml).
 USER 0:0
 ENTRYPOINT ["/usr/local/bin/meshlet"]
 CMD ["run"]
