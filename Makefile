@@ -10,10 +10,11 @@ PKGS          ?= ./...
 BIN           := bin/meshlet
 VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS       := -s -w -X main.version=$(VERSION)
-STATICCHECK   ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_TIMEOUT  ?= 30m
 # Real kube-apiserver, kubectl and etcd, built once and cached.
 K8S_BIN       ?= $(shell hack/k8s/ensure.sh)
+# staticcheck and kustomize, pinned in hack/tools and cached the same way.
+TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
 
 .PHONY: all build test unit lint bench e2e e2e-kernel demo clean
 
@@ -24,7 +25,7 @@ build:
 
 # Unit + integration tests (fuzz seed corpora run as plain tests).
 test: build
-	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 # Unit tests only: no root, no API server.
 unit:
@@ -33,7 +34,7 @@ unit:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	$(GO) run $(STATICCHECK) $(PKGS)
+	$(TOOLS_BIN)/staticcheck $(PKGS)
 
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(PKGS)
