@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
@@ -128,7 +129,9 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 				return nil, fmt.Errorf("wg: %s is a kernel WireGuard link but mode is userspace; delete it first", cfg.Name)
 			}
 			return &Device{Name: cfg.Name, Kind: KindKernel}, nil
-		case "tun":
+		case "tun", "tuntap":
+			// netlink reports a TUN as "tuntap" (its Tuntap type); "tun" is
+			// what other tools call it.
 			if mode != ModeKernel && socketLive(cfg.Name) {
 				log.Info("using existing userspace WireGuard device", "interface", cfg.Name)
 				return &Device{Name: cfg.Name, Kind: KindExternal}, nil
@@ -164,7 +167,7 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 
 func netlinkHandle(nsPath string) (*netlink.Handle, error) {
 	if nsPath == "" {
-		h, err := netlink.NewHandle()
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 		if err != nil {
 			return nil, fmt.Errorf("wg: open netlink handle: %w", err)
 		}
@@ -175,7 +178,7 @@ func netlinkHandle(nsPath string) (*netlink.Handle, error) {
 		return nil, fmt.Errorf("wg: open network namespace %s: %w", nsPath, err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("wg: open netlink handle in %s: %w", nsPath, err)
 	}

@@ -516,3 +516,22 @@ func TestEnsureDeviceInNamespace(t *testing.T) {
 		t.Errorf("auto in another namespace without kernel WireGuard: err = %v, want ErrKernelUnsupported", err)
 	}
 }
+
+// TestEnsureDeviceAdoptsUserspace: a userspace device already running in
+// another process (meshlet's detached device after an agent restart) is
+// adopted, not refused: netlink reports its TUN as "tuntap".
+func TestEnsureDeviceAdoptsUserspace(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	dev, line := startHelper(t, ns, ModeUserspace)
+	if line != "ready "+string(KindUserspace) {
+		t.Fatalf("first device: %q", line)
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+dev, helperModeEnv+"="+string(ModeUserspace))
+	cmd.Stdin = strings.NewReader("") // the helper returns at once
+	out, _ := cmd.Output()
+	if got := strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]; got != "ready "+string(KindExternal) {
+		t.Errorf("second EnsureDevice on a live userspace device: %q, want %q", got, "ready "+string(KindExternal))
+	}
+}
