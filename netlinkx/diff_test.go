@@ -327,10 +327,18 @@ func TestSysctlPath(t *testing.T) {
 			t.Errorf("sysctlPath(%q) = %q, want %q", key, got, want)
 		}
 	}
-	got := DesiredSysctls("kilo0", "")
-	want := []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("DesiredSysctls = %v", got)
+	for _, tc := range []struct {
+		tunnel string
+		want   []Sysctl
+	}{
+		{"", []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}}},
+		// The tunnel has no address: loose mode would still drop pod traffic
+		// decapsulated there, so filtering is off on it.
+		{"cilium_tunl", []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}, {"net.ipv4.conf.cilium_tunl.rp_filter", "0"}}},
+	} {
+		if got := DesiredSysctls("kilo0", tc.tunnel); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("DesiredSysctls(kilo0, %q) = %v, want %v", tc.tunnel, got, tc.want)
+		}
 	}
 }
 

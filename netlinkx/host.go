@@ -23,6 +23,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Protocol is meshlet's routing protocol number (rtm_protocol), set on every
@@ -64,13 +65,13 @@ func New(opts Options) (*Host, error) {
 	}
 	var err error
 	if opts.NetNSPath == "" {
-		h.nl, err = netlink.NewHandle()
+		h.nl, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	} else {
 		h.ns, err = netns.GetFromPath(opts.NetNSPath)
 		if err != nil {
 			return nil, fmt.Errorf("netlinkx: open network namespace %s: %w", opts.NetNSPath, err)
 		}
-		h.nl, err = netlink.NewHandleAt(h.ns)
+		h.nl, err = netlink.NewHandleAt(h.ns, unix.NETLINK_ROUTE)
 	}
 	if err != nil {
 		h.Close()

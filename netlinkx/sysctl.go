@@ -16,21 +16,31 @@ type Sysctl struct {
 	Value string
 }
 
-// Rp_filter 2 is "loose": a packet is accepted when its source is reachable
-// through any interface. Strict mode drops traffic that arrives on kilo0 or
-// the tunnel but whose return route points elsewhere (asymmetric paths are
-// normal in a mesh). The kernel uses max(all, iface), so setting the
-// interface to 2 is enough even when conf.all is 1.
-const rpFilterLoose = "2"
+// Reverse-path filtering on meshlet's devices. kilo0 gets 2 ("loose"): a
+// packet is accepted when its source is reachable through any interface;
+// strict mode would drop traffic whose return route points elsewhere
+// (asymmetric paths are normal in a mesh). The tunnel gets 0: it carries no
+// IPv4 address, and for such a device the kernel rejects even in loose mode
+// every packet whose source is not routed back through that same device
+// (fib_validate_source: -EXDEV). A non-leader's pod traffic decapsulated on
+// the leader has a pod source that the CNI routes over the underlay, so
+// loose mode dropped it — found by the kernel lane (e2e/kernel). The kernel
+// uses max(conf.all, conf.<dev>): a host with conf.all.rp_filter ≥ 1 still
+// filters, which meshlet reports rather than overrides.
+const (
+	rpFilterLoose = "2"
+	rpFilterOff   = "0"
+)
 
-// DesiredSysctls lists the sysctls meshlet needs for the given interfaces
-// (kilo0 and the tunnel). Pure.
-func DesiredSysctls(ifaces ...string) []Sysctl {
+// DesiredSysctls lists the sysctls meshlet needs for its WireGuard
+// interface and the tunnel device ("" = none). Pure.
+func DesiredSysctls(iface, tunnel string) []Sysctl {
 	out := []Sysctl{{Key: "net.ipv4.ip_forward", Value: "1"}}
-	for _, i := range ifaces {
-		if i != "" {
-			out = append(out, Sysctl{Key: "net.ipv4.conf." + i + ".rp_filter", Value: rpFilterLoose})
-		}
+	if iface != "" {
+		out = append(out, Sysctl{Key: "net.ipv4.conf." + iface + ".rp_filter", Value: rpFilterLoose})
+	}
+	if tunnel != "" {
+		out = append(out, Sysctl{Key: "net.ipv4.conf." + tunnel + ".rp_filter", Value: rpFilterOff})
 	}
 	return out
 }
