@@ -1,0 +1,140 @@
+// Package e2e runs meshlet end to end on this machine: real kube-apiservers,
+// nodes as network namespaces, the real meshlet binary with userspace
+// WireGuard on every node, a real NAT (see e2e/harness). Run with
+// `make e2e` (root; MESHLET_BIN and MESHLET_K8S_BIN set by the Makefile).
+// Each test logs its measured numbers; `make e2e` tees them into
+// e2e-report.txt.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/e2e/harness"
+)
+
+// newEnv returns a fresh harness, torn down when the test ends (also on
+// failure, after dumping the tail of every meshlet log).
+func newEnv(t *testing.T) (*harness.Env, context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("e2e: needs root, network namespaces and API servers")
+	}
+	if os.Geteuid() != 0 {
+		apiserver.SkipOrFail(t, "e2e: needs root")
+	}
+	for _, tool := range []string{"ip", "nft", "conntrack", "ping", "wg"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			apiserver.SkipOrFail(t, "e2e: %s not installed (apt-get install iproute2 nftables conntrack iputils-ping wireguard-tools)", tool)
+		}
+	}
+	if os.Getenv("MESHLET_BIN") == "" {
+		apiserver.SkipOrFail(t, "e2e: MESHLET_BIN not set (run `make e2e`)")
+	}
+	if _, err := apiserver.BinDir(); err != nil {
+		apiserver.SkipOrFail(t, "e2e: no Kubernetes binaries: %v", err)
+	}
+	env, err := harness.New(harness.Options{Logf: t.Logf, KeepDir: os.Getenv("E2E_KEEP") != ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range env.Nodes() {
+				t.Logf("--- last lines of %s's meshlet log:\n%s", n.Name, n.LogTail(25))
+			}
+		}
+		cancel()
+		env.Close()
+	})
+	return env, ctx
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// report logs a result line in a form easy to grep from e2e-report.txt.
+func report(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf("RESULT %s: %s", t.Name(), fmt.Sprintf(format, args...))
+}
+
+// percentile of sorted durations (nearest rank).
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p*float64(len(s))+0.999999) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(s) {
+		i = len(s) - 1
+	}
+	return s[i]
+}
+
+// leaderOf returns the node whose meshlet reports meshlet_leader 1 among
+// nodes, polling until exactly one does.
+func leaderOf(t *testing.T, ctx context.Context, nodes ...*harness.Node) *harness.Node {
+	t.Helper()
+	var leader *harness.Node
+	err := harness.Poll(ctx, 30*time.Second, 200*time.Millisecond, "one leader", func() (bool, error) {
+		leader = nil
+		count := 0
+		for _, n := range nodes {
+			if !n.Running() {
+				continue
+			}
+			m, err := n.Metrics(ctx)
+			if err != nil {
+				return false, err
+			}
+			if v, _ := m.Value("meshlet_leader"); v == 1 {
+				leader = n
+				count++
+			}
+		}
+		return count == 1, fmt.Errorf("%d leaders", count)
+	})
+	must(t, err)
+	return leader
+}
+
+// keysOf returns the published public keys of nodes.
+func keysOf(t *testing.T, ctx context.Context, nodes ...*harness.Node) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, n := range nodes {
+		k, err := n.PublicKey(ctx)
+		must(t, err)
+		if k == "" {
+			t.Fatalf("%s has no key annotation", n.Name)
+		}
+		out[k] = n.Name
+	}
+	return out
+}
+
+func names(m map[string]string) string {
+	var s []string
+	for _, v := range m {
+		s = append(s, v)
+	}
+	sort.Strings(s)
+	return strings.Join(s, ",")
+}

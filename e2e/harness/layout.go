@@ -1,0 +1,101 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// ClusterLayout is a cluster and its nodes.
+type ClusterLayout struct {
+	ClusterSpec
+	Nodes []NodeSpec
+}
+
+// Layout is a whole mesh: clusters, their nodes, one ClusterMesh.
+type Layout struct {
+	Mesh     string // ClusterMesh name (default "mesh")
+	Clusters []ClusterLayout
+}
+
+// TwoByTwo is the standard mesh: two clusters, two locations each, two
+// nodes per location (the first node of a location, by name, leads it).
+func TwoByTwo() Layout {
+	mk := func(name, pod, wg string, locs ...string) ClusterLayout {
+		cl := ClusterLayout{ClusterSpec: ClusterSpec{Name: "cluster-" + name,
+			PodNet: netip.MustParsePrefix(pod), WGSubnet: netip.MustParsePrefix(wg)}}
+		for _, l := range locs {
+			for i := 1; i <= 2; i++ {
+				cl.Nodes = append(cl.Nodes, NodeSpec{Name: fmt.Sprintf("%s-%s%d", name, l, i), Location: l})
+			}
+		}
+		return cl
+	}
+	return Layout{Clusters: []ClusterLayout{
+		mk("a", "10.1.0.0/16", "100.66.0.0/24", "x", "y"),
+		mk("b", "10.2.0.0/16", "100.66.1.0/24", "z", "w"),
+	}}
+}
+
+// Build creates the clusters, the ClusterMesh with its Secrets, every node,
+// and then starts meshlet everywhere and waits until all are ready.
+func (e *Env) Build(ctx context.Context, l Layout) error {
+	if l.Mesh == "" {
+		l.Mesh = "mesh"
+	}
+	var clusters []*Cluster
+	for _, cl := range l.Clusters {
+		c, err := e.AddCluster(ctx, cl.ClusterSpec)
+		if err != nil {
+			return err
+		}
+		clusters = append(clusters, c)
+	}
+	if err := e.ApplyMesh(ctx, l.Mesh, clusters...); err != nil {
+		return err
+	}
+	var nodes []*Node
+	for i, cl := range l.Clusters {
+		for _, ns := range cl.Nodes {
+			n, err := clusters[i].AddNode(ctx, ns)
+			if err != nil {
+				return err
+			}
+			nodes = append(nodes, n)
+		}
+	}
+	return StartAll(ctx, nodes...)
+}
+
+// StartAll starts meshlet on nodes and waits for all of them.
+func StartAll(ctx context.Context, nodes ...*Node) error {
+	for _, n := range nodes {
+		if err := n.start(); err != nil {
+			return err
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(nodes))
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.WaitReady(ctx, 90*time.Second)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Cluster returns the cluster called name, or nil.
+func (e *Env) Cluster(name string) *Cluster {
+	for _, c := range e.Clusters() {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Router is a NAT router namespace: "wan" on the hub bridge, a "lan" bridge
+// for the nodes behind it, nft masquerade, a forward policy that lets in
+// only established/related traffic, and short UDP conntrack timeouts
+// (test-infra.md §3) so an idle mapping expires in seconds.
+type Router struct {
+	Name string
+	NS   string
+	WAN  netip.Prefix
+	LAN  netip.Prefix
+	env  *Env
+	mu   sync.Mutex
+	n    int
+}
+
+const natRules = `
+table ip meshlet_e2e_nat {
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "wan" masquerade
+	}
+}
+table inet meshlet_e2e_filter {
+	chain forward {
+		type filter hook forward priority filter; policy drop;
+		ct state established,related accept
+		iifname "lan" oifname "wan" accept
+	}
+}
+`
+
+// AddRouter creates a NAT router.
+func (e *Env) AddRouter(ctx context.Context, name string) (*Router, error) {
+	e.mu.Lock()
+	e.routers++
+	idx := e.routers
+	e.mu.Unlock()
+	r := &Router{Name: name, NS: e.id + "-" + name, env: e,
+		LAN: netip.MustParsePrefix(fmt.Sprintf("192.168.%d.1/24", 100+idx))}
+	if err := e.addNetns(r.NS); err != nil {
+		return nil, err
+	}
+	r.WAN = e.nextHubAddr()
+	if err := e.attachToHub(r.NS, "wan", r.WAN); err != nil {
+		return nil, err
+	}
+	for _, args := range [][]string{
+		{"link", "add", "lan", "type", "bridge"},
+		{"addr", "add", r.LAN.String(), "dev", "lan"},
+		{"link", "set", "lan", "up"},
+	} {
+		if err := ipn(ctx, r.NS, args...); err != nil {
+			return nil, err
+		}
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", r.NS, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(natRules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("router %s: nft: %w: %s", name, err, out)
+	}
+	// The conntrack sysctls exist once the ruleset above loaded conntrack.
+	for k, v := range map[string]string{
+		"net.ipv4.ip_forward":                           "1",
+		"net.netfilter.nf_conntrack_udp_timeout":        "2",
+		"net.netfilter.nf_conntrack_udp_timeout_stream": "4",
+	} {
+		if err := sysctl(ctx, r.NS, k, v); err != nil {
+			return nil, fmt.Errorf("router %s: %w", name, err)
+		}
+	}
+	return r, nil
+}
+
+// attach connects a node namespace to the router's LAN and returns its
+// address; the node's default route points at the router, as DHCP would.
+func (r *Router) attach(ctx context.Context, ns string) (netip.Prefix, error) {
+	r.mu.Lock()
+	r.n++
+	idx := r.n
+	r.mu.Unlock()
+	a := r.LAN.Addr().As4()
+	a[3] = byte(10 + idx)
+	addr := netip.PrefixFrom(netip.AddrFrom4(a), r.LAN.Bits())
+	end := "l" + strconv.Itoa(idx)
+	for _, c := range []struct {
+		ns   string
+		args []string
+	}{
+		{r.NS, []string{"link", "add", end, "type", "veth", "peer", "name", "eth0", "netns", ns}},
+		{r.NS, []string{"link", "set", end, "master", "lan", "up"}},
+		{ns, []string{"addr", "add", addr.String(), "dev", "eth0"}},
+		{ns, []string{"link", "set", "eth0", "up"}},
+		{ns, []string{"route", "add", "default", "via", r.LAN.Addr().String()}},
+	} {
+		if err := ipn(ctx, c.ns, c.args...); err != nil {
+			return netip.Prefix{}, err
+		}
+	}
+	return addr, nil
+}
+
+// FlushUDP deletes the router's UDP conntrack entries: every NAT mapping
+// is forgotten at once, as if it had idled out.
+func (r *Router) FlushUDP(ctx context.Context) error {
+	_, err := nsExec(ctx, r.NS, "conntrack", "-D", "-p", "udp")
+	if err != nil && strings.Contains(err.Error(), "0 flow entries") {
+		return nil
+	}
+	return err
+}
+
+// UDPMappings lists the router's UDP conntrack entries (for the log).
+func (r *Router) UDPMappings(ctx context.Context) string {
+	out, _ := nsExec(ctx, r.NS, "conntrack", "-L", "-p", "udp")
+	return strings.TrimSpace(out)
+}
+
+// PeerHost is the stand-in for a user's device behind a Kilo Peer object
+// (a laptop): a namespace on the hub with a plain WireGuard device that the
+// harness configures, as the user would from `kgctl showconf peer`.
+type PeerHost struct {
+	Name    string
+	NS      string
+	IP      netip.Prefix // underlay
+	Addr    netip.Addr   // its address inside the mesh (the Peer's allowedIPs)
+	Private string
+	Public  string
+	WGDir   string
+	env     *Env
+}
+
+// PeerIface is the peer host's WireGuard interface.
+const PeerIface = "wgp0"
+
+// AddPeerHost creates a peer host with mesh address addr and starts its
+// WireGuard device (listening on 51820), with no peers yet.
+func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr) (*PeerHost, error) {
+	h := &PeerHost{Name: name, NS: e.id + "-" + name, Addr: addr, env: e}
+	h.Private, h.Public = NewKeyPair()
+	h.WGDir = filepath.Join(e.dir, "peers", name)
+	if err := os.MkdirAll(h.WGDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := e.addNetns(h.NS); err != nil {
+		return nil, err
+	}
+	h.IP = e.nextHubAddr()
+	if err := e.attachToHub(h.NS, "eth0", h.IP); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(h.WGDir, "device.log"))
+	if err != nil {
+		return nil, err
+	}
+	w := h.wrap(e.opts.Meshlet, "wireguard-userspace", "--interface", PeerIface)
+	cmd := exec.Command(w[0], w[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	sock := filepath.Join(h.WGDir, PeerIface+".sock")
+	if err := Poll(ctx, 10*time.Second, 20*time.Millisecond, "peer host device socket", func() (bool, error) {
+		_, err := os.Stat(sock)
+		return err == nil, nil
+	}); err != nil {
+		return nil, err
+	}
+	keyFile := filepath.Join(h.WGDir, "key")
+	if err := os.WriteFile(keyFile, []byte(h.Private+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	if _, err := h.Exec(ctx, "wg", "set", PeerIface, "private-key", keyFile, "listen-port", "51820"); err != nil {
+		return nil, err
+	}
+	for _, args := range [][]string{
+		{"addr", "add", netip.PrefixFrom(addr, 32).String(), "dev", PeerIface},
+		{"link", "set", PeerIface, "up"},
+	} {
+		if err := ipn(ctx, h.NS, args...); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+func (h *PeerHost) wrap(args ...string) []string {
+	return append([]string{"ip", "netns", "exec", h.NS, "sh", "-c",
+		`mount --bind "$1" /run/wireguard && shift && exec "$@"`, "sh", h.WGDir}, args...)
+}
+
+// Exec runs a command on the peer host (its network and mount namespace).
+func (h *PeerHost) Exec(ctx context.Context, args ...string) (string, error) {
+	w := h.wrap(args...)
+	return run(ctx, w[0], w[1:]...)
+}
+
+// SetPeer configures the laptop's one peer (the mesh), with endpoint ""
+// for none, and routes nets through the tunnel.
+func (h *PeerHost) SetPeer(ctx context.Context, pubKey, endpoint string, nets []netip.Prefix) error {
+	var ips []string
+	for _, p := range nets {
+		ips = append(ips, p.String())
+	}
+	args := []string{"wg", "set", PeerIface, "peer", pubKey, "allowed-ips", strings.Join(ips, ",")}
+	if endpoint != "" {
+		args = append(args, "endpoint", endpoint)
+	}
+	if _, err := h.Exec(ctx, args...); err != nil {
+		return err
+	}
+	for _, p := range nets {
+		if err := ipn(ctx, h.NS, "route", "replace", p.String(), "dev", PeerIface, "src", h.Addr.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Device reads the peer host's device.
+func (h *PeerHost) Device() (*WGDevice, error) { return readUAPI(h.WGDir, PeerIface) }
+
+// Reachable pings dst once from the laptop's mesh address.
+func (h *PeerHost) Reachable(ctx context.Context, dst netip.Addr, wait time.Duration) bool {
+	out, _ := exec.CommandContext(ctx, "ip", "netns", "exec", h.NS, "ping", "-n", "-q", "-c", "1",
+		"-W", fmt.Sprintf("%.3f", wait.Seconds()), "-I", h.Addr.String(), dst.String()).CombinedOutput()
+	m := pingStats.FindStringSubmatch(string(out))
+	return m != nil && m[2] == "1"
+}
