@@ -20,9 +20,8 @@ import (
 	"github.com/meshlet/meshlet/e2e/harness"
 )
 
-// newEnv returns a fresh harness, torn down when the test ends (also on
-// failure, after dumping the tail of every meshlet log).
-func newEnv(t *testing.T) (*harness.Env, context.Context) {
+// prereqs skips (or, with CI=true, fails) when the machine cannot run e2e.
+func prereqs(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("e2e: needs root, network namespaces and API servers")
@@ -41,6 +40,13 @@ func newEnv(t *testing.T) (*harness.Env, context.Context) {
 	if _, err := apiserver.BinDir(); err != nil {
 		apiserver.SkipOrFail(t, "e2e: no Kubernetes binaries: %v", err)
 	}
+}
+
+// newEnv returns a fresh harness, torn down when the test ends (also on
+// failure, after dumping the tail of every meshlet log).
+func newEnv(t *testing.T) (*harness.Env, context.Context) {
+	t.Helper()
+	prereqs(t)
 	env, err := harness.New(harness.Options{Logf: t.Logf, KeepDir: os.Getenv("E2E_KEEP") != ""})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/meshlet/meshlet/agent/topology"
 	"sync"
 	"time"
 )
@@ -67,7 +69,10 @@ func (e *Env) Build(ctx context.Context, l Layout) error {
 			nodes = append(nodes, n)
 		}
 	}
-	return StartAll(ctx, nodes...)
+	if err := StartAll(ctx, nodes...); err != nil {
+		return err
+	}
+	return e.WaitConverged(ctx, 60*time.Second)
 }
 
 // StartAll starts meshlet on nodes and waits for all of them.
@@ -98,4 +103,53 @@ func (e *Env) Cluster(name string) *Cluster {
 		}
 	}
 	return nil
+}
+
+// WaitConverged waits until the mesh agrees with itself: in every location
+// exactly one node publishes a wireguard-ip and reports meshlet_leader 1,
+// and every leader's device has one peer per other leader of the mesh.
+// Right after start every node briefly leads (it sees no other Ready node
+// yet), so tests and the demo wait for this before looking.
+func (e *Env) WaitConverged(ctx context.Context, timeout time.Duration) error {
+	return Poll(ctx, timeout, 200*time.Millisecond, "mesh converged", func() (bool, error) {
+		leaders := map[string]*Node{}
+		var running int
+		for _, n := range e.Nodes() {
+			if !n.Running() {
+				continue
+			}
+			running++
+			ann, err := n.Cluster.Annotations(ctx, n.Name)
+			if err != nil {
+				return false, err
+			}
+			m, err := n.Metrics(ctx)
+			if err != nil {
+				return false, err
+			}
+			isLeader, _ := m.Value("meshlet_leader")
+			hasIP := ann[topology.AnnotationWireGuardIP] != ""
+			if hasIP != (isLeader == 1) {
+				return false, fmt.Errorf("%s: wireguard-ip %q but meshlet_leader %v", n.Name, ann[topology.AnnotationWireGuardIP], isLeader)
+			}
+			if !hasIP {
+				continue
+			}
+			k := n.Cluster.Name + "/" + n.Location
+			if o := leaders[k]; o != nil {
+				return false, fmt.Errorf("%s has two leaders: %s and %s", k, o.Name, n.Name)
+			}
+			leaders[k] = n
+		}
+		for _, l := range leaders {
+			dev, err := l.Device()
+			if err != nil || dev == nil {
+				return false, fmt.Errorf("%s: device: %v", l.Name, err)
+			}
+			if len(dev.Peers) != len(leaders)-1 {
+				return false, fmt.Errorf("%s has %d peers, want %d", l.Name, len(dev.Peers), len(leaders)-1)
+			}
+		}
+		return running > 0, nil
+	})
 }
