@@ -153,3 +153,22 @@ func (e *Env) WaitConverged(ctx context.Context, timeout time.Duration) error {
 		return running > 0, nil
 	})
 }
+
+// Small is a quick mesh for the focused scenarios: cluster-a with one
+// location of aNodes nodes, cluster-b with one node in each of bLocs
+// locations.
+func Small(aNodes int, bLocs ...string) Layout {
+	l := Layout{Clusters: []ClusterLayout{
+		{ClusterSpec: ClusterSpec{Name: "cluster-a", PodNet: netip.MustParsePrefix("10.1.0.0/16"),
+			WGSubnet: netip.MustParsePrefix("100.66.0.0/24")}},
+		{ClusterSpec: ClusterSpec{Name: "cluster-b", PodNet: netip.MustParsePrefix("10.2.0.0/16"),
+			WGSubnet: netip.MustParsePrefix("100.66.1.0/24")}},
+	}}
+	for i := 1; i <= aNodes; i++ {
+		l.Clusters[0].Nodes = append(l.Clusters[0].Nodes, NodeSpec{Name: fmt.Sprintf("a-x%d", i), Location: "x"})
+	}
+	for _, loc := range bLocs {
+		l.Clusters[1].Nodes = append(l.Clusters[1].Nodes, NodeSpec{Name: "b-" + loc + "1", Location: loc})
+	}
+	return l
+}

@@ -461,3 +461,44 @@ func (n *Node) WaitReachable(ctx context.Context, dst netip.Addr, timeout time.D
 	})
 	return time.Since(start), err
 }
+
+// RouteProtocol is meshlet's routing protocol number (netlinkx).
+const RouteProtocol = "109"
+
+// Routes lists meshlet's routes on the node (every table), one per line as
+// `ip route` prints them.
+func (n *Node) Routes(ctx context.Context) ([]string, error) {
+	out, err := run(ctx, "ip", "-n", n.NS, "-4", "route", "show", "table", "all", "proto", RouteProtocol)
+	if err != nil {
+		return nil, err
+	}
+	var rs []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			rs = append(rs, l)
+		}
+	}
+	return rs, nil
+}
+
+// HistogramQuantile estimates quantile q of a histogram series from its
+// buckets, as PromQL's histogram_quantile does (linear inside a bucket).
+func HistogramQuantile(s *dto.Metric, q float64) float64 {
+	h := s.GetHistogram()
+	if h == nil || h.GetSampleCount() == 0 {
+		return 0
+	}
+	rank := q * float64(h.GetSampleCount())
+	prevBound, prevCount := 0.0, 0.0
+	for _, b := range h.Bucket {
+		c := float64(b.GetCumulativeCount())
+		if c >= rank {
+			if c == prevCount {
+				return b.GetUpperBound()
+			}
+			return prevBound + (b.GetUpperBound()-prevBound)*(rank-prevCount)/(c-prevCount)
+		}
+		prevBound, prevCount = b.GetUpperBound(), c
+	}
+	return prevBound
+}
