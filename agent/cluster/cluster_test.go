@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -73,5 +74,40 @@ func TestAnnotationDiff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestSetNodeWakesOnlyOnMaterialChange(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	mk := func(lastSeen time.Time, endpoint string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
+			topology.AnnotationLastSeen: fmt.Sprint(lastSeen.Unix()), topology.AnnotationEndpoint: endpoint}}}
+	}
+	o := newObjects("b")
+	steps := []struct {
+		name string
+		node *corev1.Node
+		del  bool
+		want bool
+	}{
+		{"new node", mk(now, "1.2.3.4:51820"), false, true},
+		{"heartbeat only", mk(now.Add(30*time.Second), "1.2.3.4:51820"), false, false},
+		{"endpoint changed", mk(now.Add(31*time.Second), "1.2.3.5:51820"), false, true},
+		{"back after being stale", mk(now.Add(200*time.Second), "1.2.3.5:51820"), false, true},
+		{"deleted", mk(now, ""), true, true},
+	}
+	clock := now
+	for _, s := range steps {
+		if s.name == "back after being stale" {
+			clock = now.Add(200 * time.Second)
+		}
+		if got := o.setNode(s.node, s.del, clock); got != s.want {
+			t.Errorf("%s: changed = %v, want %v", s.name, got, s.want)
+		}
+		if s.name == "heartbeat only" {
+			if ls := o.nodes["n"].Node.LastSeen; !ls.Equal(now.Add(30 * time.Second)) {
+				t.Errorf("heartbeat not stored: %v", ls)
+			}
+		}
 	}
 }

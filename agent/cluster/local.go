@@ -113,7 +113,7 @@ func (l *Local) onNode(obj interface{}, deleted bool) {
 		return
 	}
 	l.mu.Lock()
-	l.objs.setNode(n, deleted)
+	changed := l.objs.setNode(n, deleted, time.Now())
 	if n.Name == l.selfName {
 		l.self = n
 		if deleted {
@@ -121,7 +121,9 @@ func (l *Local) onNode(obj interface{}, deleted bool) {
 		}
 	}
 	l.mu.Unlock()
-	l.changed()
+	if changed {
+		l.changed()
+	}
 }
 
 func (l *Local) onPeer(obj interface{}, deleted bool) {

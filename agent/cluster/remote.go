@@ -223,11 +223,11 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 			return
 		}
 		w.mu.Lock()
-		if gen == w.gen {
-			w.objs.setNode(n, deleted)
-		}
+		changed := gen == w.gen && w.objs.setNode(n, deleted, time.Now())
 		w.mu.Unlock()
-		w.rs.notify()
+		if changed {
+			w.rs.notify()
+		}
 	}))
 	_, _ = peerInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		p, ok := obj.(*kilo.Peer)

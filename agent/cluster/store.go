@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"reflect"
 	"sort"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -28,13 +30,30 @@ func newObjects(cluster string) objects {
 	return objects{cluster: cluster, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}}
 }
 
-func (o *objects) setNode(n *corev1.Node, deleted bool) {
+// setNode stores a Node and reports whether the planner could see a
+// difference. Every agent refreshes its last-seen every ~30 s, so with
+// 10,000 remote Nodes most events change nothing else; those do not wake the
+// loop. A last-seen that was old enough for the node to have dropped out of
+// the mesh does wake it (the node is back); a node going stale is noticed by
+// the loop's heartbeat.
+func (o *objects) setNode(n *corev1.Node, deleted bool, now time.Time) bool {
 	if deleted {
 		delete(o.nodes, n.Name)
-		return
+		return true
 	}
-	o.nodes[n.Name] = kilo.ConvertNode(n, o.cluster)
+	r := kilo.ConvertNode(n, o.cluster)
+	old, ok := o.nodes[n.Name]
+	o.nodes[n.Name] = r
+	if !ok || now.Sub(old.Node.LastSeen) > staleAfter {
+		return true
+	}
+	a, b := old, r
+	a.Node.LastSeen, b.Node.LastSeen = time.Time{}, time.Time{}
+	return !reflect.DeepEqual(a, b)
 }
+
+// staleAfter is a little under Kilo's 60 s readiness window.
+const staleAfter = 45 * time.Second
 
 func (o *objects) setPeer(p *kilo.Peer, deleted bool) {
 	if deleted {
