@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -208,5 +209,51 @@ func TestLoadOrCreateKey(t *testing.T) {
 	_, _, err = LoadOrCreateKey(path)
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Fatalf("garbage key: err = %v", err)
+	}
+}
+
+func TestManagerDrifted(t *testing.T) {
+	ctx := context.Background()
+	priv, _ := wgtypes.GeneratePrivateKey()
+	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
+	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.Drifted(ctx); d || err != nil {
+		t.Fatalf("before any apply: drifted=%v err=%v", d, err)
+	}
+	plan := topology.Device{Interface: "kilo0", ListenPort: 51820, Peers: []topology.WireGuardPeer{
+		{Name: "a", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", PersistentKeepalive: 25, Roaming: true, AllowedIPs: pfx("10.4.0.1/32")},
+		{Name: "b", PublicKey: testKey(2), Endpoint: "192.0.2.2:51820", AllowedIPs: pfx("10.4.0.2/32")},
+	}}
+	if _, err := m.Apply(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := m.Drifted(ctx); d {
+		t.Fatal("drift right after apply")
+	}
+	// A roaming peer's learned endpoint is not drift.
+	fc.dev.Peers[0].Endpoint = udp("198.51.100.9:1234")
+	if d, _ := m.Drifted(ctx); d {
+		t.Error("a roamed endpoint counted as drift")
+	}
+	// `wg set kilo0 peer b remove` is.
+	fc.dev.Peers = fc.dev.Peers[:1]
+	if d, _ := m.Drifted(ctx); !d {
+		t.Error("a removed peer is not drift")
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	select {
+	case <-m.WatchDrift(wctx, 10*time.Millisecond):
+	case <-time.After(5 * time.Second):
+		t.Fatal("WatchDrift did not signal the removed peer")
+	}
+	if _, err := m.Apply(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := m.Drifted(ctx); d {
+		t.Error("drift after re-apply")
 	}
 }

@@ -101,6 +101,10 @@ type Manager struct {
 	lastEndpoints map[topology.Key]string
 	// names remembers peer names so removals can be reported by name.
 	names map[topology.Key]string
+	// applied is the last successfully applied input, so Drifted can tell
+	// whether someone changed the device since (e.g. `wg set ... remove`,
+	// which raises no netlink event on a userspace device).
+	applied *DiffInput
 }
 
 var _ Actuator = (*Manager)(nil)
@@ -182,6 +186,7 @@ func (m *Manager) Apply(ctx context.Context, desired topology.Device) (Report, e
 		}
 	}
 	m.names, m.lastEndpoints = names, last
+	m.applied = &DiffInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: peers}
 
 	if rep.Changed() {
 		m.log.LogAttrs(ctx, slog.LevelInfo, "wireguard peers applied",
@@ -198,6 +203,55 @@ func (m *Manager) Apply(ctx context.Context, desired topology.Device) (Report, e
 			slog.String("endpoint", u.Endpoint), slog.String("error", u.Error))
 	}
 	return rep, nil
+}
+
+// Drifted reports whether the device no longer matches the last applied
+// configuration: a peer removed, added or changed by someone else. A peer
+// that roamed (learned endpoint) is not drift, by the same rules as Apply.
+// Before the first Apply it reports false.
+func (m *Manager) Drifted(ctx context.Context) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.applied == nil {
+		return false, nil
+	}
+	cur, err := m.client.Device(m.iface)
+	if err != nil {
+		return false, fmt.Errorf("wg: read device %s: %w", m.iface, err)
+	}
+	in := *m.applied
+	in.LastEndpoints, in.Names = m.lastEndpoints, m.names
+	_, rep := Diff(in, cur)
+	return rep.Changed(), nil
+}
+
+// WatchDrift checks the device every interval and signals (coalesced) when
+// it Drifted, until ctx ends: the agent re-applies at once instead of at
+// the next resync. A read error counts as drift (a vanished device must be
+// recreated too).
+func (m *Manager) WatchDrift(ctx context.Context, interval time.Duration) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if d, err := m.Drifted(ctx); d || (err != nil && ctx.Err() == nil) {
+				select {
+				case out <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return out
 }
 
 // Stats reads the device for metrics.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -96,10 +97,14 @@ func runAgent(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Someone deleting a meshlet route or downing kilo0: re-apply at once.
-	changes, err := host.Watch(ctx, cfg.Interface)
+	netlinkChanges, err := host.Watch(ctx, cfg.Interface)
 	if err != nil {
 		return fmt.Errorf("watching netlink: %w", err)
 	}
+	// Someone editing kilo0's peers (`wg set ... peer X remove`) raises no
+	// netlink event (never on a userspace device); polling the device is
+	// cheap and brings such a change back in well under a second.
+	changes := mergeSignals(ctx, netlinkChanges, mgr.WatchDrift(ctx, driftInterval))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	wgAct := &node.WireGuard{Manager: mgr}
@@ -120,4 +125,32 @@ func runAgent(ctx context.Context, args []string) error {
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
 	log.Info("meshlet stopped; data plane left in place")
 	return err
+}
+
+// driftInterval is how often the WireGuard device is compared with what
+// meshlet applied last.
+const driftInterval = 250 * time.Millisecond
+
+// mergeSignals forwards every signal of ins to one coalescing channel.
+func mergeSignals(ctx context.Context, ins ...<-chan struct{}) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	for _, in := range ins {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case _, ok := <-in:
+					if !ok {
+						return
+					}
+					select {
+					case out <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return out
 }
