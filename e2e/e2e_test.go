@@ -144,3 +144,15 @@ func names(m map[string]string) string {
 	sort.Strings(s)
 	return strings.Join(s, ",")
 }
+
+// pace waits d between samples of a state observed over a period (e.g. an
+// endpoint across resyncs): it paces observation and never decides the
+// outcome, which the samples do.
+func pace(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -20,6 +20,7 @@ type ClusterLayout struct {
 // Layout is a whole mesh: clusters, their nodes, one ClusterMesh.
 type Layout struct {
 	Mesh     string // ClusterMesh name (default "mesh")
+	NoMesh   bool   // no ClusterMesh at all (single-cluster scenarios)
 	Clusters []ClusterLayout
 }
 
@@ -56,8 +57,10 @@ func (e *Env) Build(ctx context.Context, l Layout) error {
 		}
 		clusters = append(clusters, c)
 	}
-	if err := e.ApplyMesh(ctx, l.Mesh, clusters...); err != nil {
-		return err
+	if !l.NoMesh {
+		if err := e.ApplyMesh(ctx, l.Mesh, clusters...); err != nil {
+			return err
+		}
 	}
 	var nodes []*Node
 	for i, cl := range l.Clusters {
