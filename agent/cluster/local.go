@@ -30,6 +30,7 @@ type Local struct {
 
 	mu       sync.RWMutex
 	objs     objects
+	keeper   clustermesh.Keeper
 	meshes   map[string]*clustermesh.ClusterMesh
 	secrets  map[string]map[string][]byte // name → data
 	self     *corev1.Node                 // this node as last seen
@@ -196,15 +197,17 @@ type LocalState struct {
 
 // State returns the converted local objects, sorted by name.
 func (l *Local) State(clusterName string) LocalState {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
+	l.mu.Lock() // the keeper remembers accepted ClusterMeshes
+	defer l.mu.Unlock()
 	var st LocalState
 	st.Nodes, st.Peers, st.Rejections = l.objs.state()
 	meshes := make([]*clustermesh.ClusterMesh, 0, len(l.meshes))
 	for _, m := range l.meshes {
 		meshes = append(meshes, m)
 	}
-	st.Mesh = clustermesh.Resolve(meshes, clusterName)
+	// A ClusterMesh edit that fails validation changes nothing on the data
+	// plane: its last accepted version stays in force (clustermesh.md).
+	st.Mesh = l.keeper.Resolve(meshes, clusterName)
 	st.Rejections = append(st.Rejections, st.Mesh.Rejections...)
 	return st
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -327,6 +328,43 @@ spec: {allowedIPs: [10.5.0.1/32], publicKey: "not-a-key"}
 		// Every other peer still works.
 		if _, ok := peerNamed(wg.since(wg.count() - 1)[0].dev, "b-1"); !ok {
 			t.Error("b-1 lost after an invalid Peer")
+		}
+	})
+
+	t.Run("a bad ClusterMesh edit is rejected and changes nothing", func(t *testing.T) {
+		from := wg.count()
+		bad := strings.Replace(string(mesh), "allowedNetworks: [10.2.0.0/16, 100.66.1.0/24]", "allowedNetworks: [10.2.0.0/16, 10.244.7.0/24]", 1)
+		if _, err := apiserver.Apply(ctx, local.AdminConfig(), []byte(bad), apiserver.ApplyOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			evs, err := ladmin.CoreV1().Events("kilo-system").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=prod"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(evs.Items) > 0 && evs.Items[0].Reason == string(topology.ReasonNetworksOverlap) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no NetworksOverlap event on the ClusterMesh: %+v", evs.Items)
+			}
+			waitTick()
+		}
+		// Make sure runs after the edit have applied, then check that none
+		// of them let the rejected edit through.
+		patchAnnotations(t, radmin, "b-1", map[string]string{topology.AnnotationClusterMeshEndpoint: "198.51.100.50:51820"})
+		wg.waitFor(t, from, 10*time.Second, "a run after the bad edit", func(d topology.Device) bool {
+			p, ok := peerNamed(d, "b-1")
+			return ok && p.Endpoint == "198.51.100.50:51820"
+		})
+		for _, a := range wg.since(from) {
+			if p, ok := peerNamed(a.dev, "b-1"); !ok || !slices.Contains(p.AllowedIPs, netip.MustParsePrefix("100.66.1.0/24")) {
+				t.Fatalf("the rejected edit reached the device: %+v", a.dev.Peers)
+			}
+		}
+		if _, err := apiserver.Apply(ctx, local.AdminConfig(), mesh, apiserver.ApplyOptions{}); err != nil {
+			t.Fatal(err)
 		}
 	})
 
