@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshlet/meshlet/agent/kilo"
 	"github.com/meshlet/meshlet/agent/topology"
 )
 
@@ -109,5 +110,26 @@ func TestSetNodeWakesOnlyOnMaterialChange(t *testing.T) {
 				t.Errorf("heartbeat not stored: %v", ls)
 			}
 		}
+	}
+}
+
+func TestBadPeerEditKeepsLastValidVersion(t *testing.T) {
+	o := newObjects("")
+	peer := func(key string) *kilo.Peer {
+		return &kilo.Peer{ObjectMeta: metav1.ObjectMeta{Name: "laptop"},
+			Spec: kilo.PeerSpec{AllowedIPs: []string{"10.5.0.1/32"}, PublicKey: key}}
+	}
+	good := "GY5aT1N9dTR/nJnT1N2f4ClZWVj0jOAld0r8ysWLyjg="
+	o.setPeer(peer(good), false)
+	o.setPeer(peer("not-a-key"), false)
+	_, peers, rejs := o.state()
+	if len(peers) != 1 || peers[0].PublicKey.String() != good || len(rejs) != 1 || rejs[0].Reason != topology.ReasonInvalidKey {
+		t.Fatalf("peers %+v rejections %+v: want the last valid version kept and the edit rejected", peers, rejs)
+	}
+	// Deleting it still removes it; a Peer invalid from the start never enters.
+	o.setPeer(peer(good), true)
+	o.setPeer(peer("not-a-key"), false)
+	if _, peers, _ := o.state(); len(peers) != 0 {
+		t.Fatalf("peers = %+v", peers)
 	}
 }

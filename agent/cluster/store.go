@@ -61,6 +61,12 @@ func (o *objects) setPeer(p *kilo.Peer, deleted bool) {
 		return
 	}
 	tp, rejs, ok := kilo.PeerToTopology(p, o.cluster)
+	if old, had := o.peers[p.Name]; !ok && had && old.ok {
+		// An edit that fails validation keeps the last valid version in
+		// force (its session too) while the rejection is reported.
+		o.peers[p.Name] = convertedPeer{peer: old.peer, ok: true, rejections: rejs}
+		return
+	}
 	o.peers[p.Name] = convertedPeer{peer: tp, ok: ok, rejections: rejs}
 }
 
