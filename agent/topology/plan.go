@@ -353,9 +353,40 @@ func (p *planner) filterAllowedLocationIPs() {
 					}
 				}
 			}
+			// A network another cluster of a mesh owns: accepting it as local
+			// would make every local prefix check reject that whole remote
+			// cluster (one node annotation cutting the mesh), so the
+			// annotation loses, not the mesh.
+			if c, n, ok := p.remoteNetworkOverlapping(ip); ok {
+				p.rejectALIP(s, ip, "overlaps "+n.String()+" of remote cluster "+c)
+				continue next
+			}
 			s.allowedLocationIPs = append(s.allowedLocationIPs, ip)
 		}
 	}
+}
+
+// remoteNetworkOverlapping finds a remote cluster's allowedNetworks entry
+// (from the meshes this cluster belongs to) overlapping ip.
+func (p *planner) remoteNetworkOverlapping(ip netip.Prefix) (string, netip.Prefix, bool) {
+	for mi := range p.snap.Meshes {
+		m := &p.snap.Meshes[mi]
+		local, ok := localEntry(m, p.set.ClusterName)
+		if !ok {
+			continue
+		}
+		for _, e := range m.Clusters {
+			if e.Name == local.Name {
+				continue
+			}
+			for _, n := range e.AllowedNetworks {
+				if n.Bits() > 0 && ip.Overlaps(n.Masked()) {
+					return e.Name, n.Masked(), true
+				}
+			}
+		}
+	}
+	return "", netip.Prefix{}, false
 }
 
 func (p *planner) rejectALIP(s *segment, ip netip.Prefix, why string) {

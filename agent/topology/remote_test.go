@@ -258,3 +258,22 @@ func TestUnsyncedRemoteRoutesOnly(t *testing.T) {
 		t.Errorf("preserve without a watcher = %v", pl.WireGuard.Preserve)
 	}
 }
+
+// A local node's allowed-location-ips claiming a remote cluster's network
+// is rejected; before, it became a "local" prefix and the whole remote
+// allowedNetworks entry (10.2.0.0/16) was rejected instead, cutting the
+// mesh (found by e2e scenario 7).
+func TestLocalAllowedLocationIPInRemoteNetwork(t *testing.T) {
+	snap := twoClusters()
+	snap.Nodes[3].AllowedLocationIPs = pfxs("10.2.1.0/24")
+	pl := Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if !hasRejection(pl, "Node/"+snap.Nodes[3].Name, ReasonNetworksOverlap) {
+		t.Errorf("no NetworksOverlap rejection on %s: %+v", snap.Nodes[3].Name, pl.Rejections)
+	}
+	if hasRejection(pl, "ClusterMesh/kilo-system/prod", ReasonOverlapsLocal) {
+		t.Errorf("the remote cluster's network was rejected instead: %+v", pl.Rejections)
+	}
+	if bx := peerByName(t, pl, "bx-1"); !containedIn(pfx("10.2.1.0/24"), bx.AllowedIPs) {
+		t.Errorf("bx-1 lost its pod CIDR: %v", bx.AllowedIPs)
+	}
+}
