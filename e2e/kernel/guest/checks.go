@@ -15,9 +15,9 @@ import (
 	"github.com/meshlet/meshlet/wg"
 )
 
-// steps are the checks in the order run prints them; run.sh requires a
-// PASS line for every one.
-var steps = []string{
+// planSteps are plan mode's checks in the order run prints them; run.sh
+// requires a PASS line for every one.
+var planSteps = []string{
 	"fixture",
 	"plan",
 	"apply-leader",
@@ -46,13 +46,14 @@ const scenarioTimeout = 4 * time.Minute
 const pollTimeout = 30 * time.Second
 
 type reporter struct {
+	steps  []string
 	next   int // index in steps of the next expected step
 	failed int
 }
 
 // step runs one check and prints its result line.
 func (r *reporter) step(name string, fn func() error) bool {
-	if r.next >= len(steps) || steps[r.next] != name {
+	if r.next >= len(r.steps) || r.steps[r.next] != name {
 		panic("check " + name + " is out of order with steps")
 	}
 	r.next++
@@ -69,9 +70,9 @@ func (r *reporter) step(name string, fn func() error) bool {
 
 // skipRest fails every step not run yet.
 func (r *reporter) skipRest(why string) {
-	for ; r.next < len(steps); r.next++ {
+	for ; r.next < len(r.steps); r.next++ {
 		r.failed++
-		fmt.Printf("FAIL %s: skipped: %s\n", steps[r.next], why)
+		fmt.Printf("FAIL %s: skipped: %s\n", r.steps[r.next], why)
 	}
 }
 
@@ -79,11 +80,11 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func info(format string, args ...any) { fmt.Printf("INFO "+format+"\n", args...) }
 
-// run is `guest run`.
-func run() int {
+// runPlanMode is `guest run` in plan mode.
+func runPlanMode() int {
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
 	defer cancel()
-	r := &reporter{}
+	r := &reporter{steps: planSteps}
 	if !r.step("fixture", func() error { return setupFixture(ctx) }) {
 		r.skipRest("no fixture")
 		return 1
@@ -143,51 +144,13 @@ func run() int {
 	}) {
 		diagnose(ctx)
 	}
-	r.step("traffic-via-leader", func() error {
-		before, err := counters(ctx)
-		if err != nil {
-			return err
-		}
-		if err := pingAll(ctx, podNS(workerNode), remotePod, 3); err != nil {
-			return err
-		}
-		after, err := counters(ctx)
-		if err != nil {
-			return err
-		}
-		delta := after.sub(before)
-		info("counter deltas over 3 pings: leader cilium_tunl rx %d, leader kilo0 tx %d, worker kilo0 tx %d",
-			delta.leaderTunlRx, delta.leaderWGTx, delta.workerWGTx)
-		if delta.leaderTunlRx < 3 || delta.leaderWGTx < 3 {
-			return fmt.Errorf("leader cilium_tunl rx +%d and kilo0 tx +%d packets, want >= 3 each", delta.leaderTunlRx, delta.leaderWGTx)
-		}
-		if delta.workerWGTx != 0 {
-			return fmt.Errorf("worker kilo0 sent %d packets, want 0", delta.workerWGTx)
-		}
-		return nil
-	})
+	r.step("traffic-via-leader", func() error { return checkTrafficViaLeader(ctx, remotePod) })
 	r.step("remote-handshake-with-leader", func() error {
 		_, err := handshakes(ctx, ks, true)
 		return err
 	})
 	r.step("leader-return-rule-table-1107", func() error { return checkReturnPath(ctx) })
-	r.step("private-ip-ping-returns-via-tunnel", func() error {
-		before, err := linkStats(ctx, workerNode.Name, tunnelDev)
-		if err != nil {
-			return err
-		}
-		if err := pingAll(ctx, workerNode.Name, remotePod, 3); err != nil {
-			return err
-		}
-		after, err := linkStats(ctx, workerNode.Name, tunnelDev)
-		if err != nil {
-			return err
-		}
-		if got := after.rx - before.rx; got < 3 {
-			return fmt.Errorf("worker cilium_tunl received %d packets during 3 pings from its private IP, want >= 3", got)
-		}
-		return nil
-	})
+	r.step("private-ip-ping-returns-via-tunnel", func() error { return checkPrivateIPPing(ctx, remotePod) })
 
 	var hs1 [2]time.Time
 	r.step("reapply-no-change", func() error {
@@ -223,25 +186,7 @@ func run() int {
 		if _, err := ip(ctx, append([]string{"-n", leaderNode.Name, "rule", "del"}, returnRule...)...); err != nil {
 			return err
 		}
-		before, err := counters(ctx)
-		if err != nil {
-			return err
-		}
-		if err := pingAll(ctx, workerNode.Name, remotePod, 2); err == nil {
-			return errors.New("ping from the worker's private IP succeeded without the leader's table-1107 rule")
-		}
-		after, err := counters(ctx)
-		if err != nil {
-			return err
-		}
-		// The requests must still have reached kilo0 on the leader: it is
-		// the replies that got lost.
-		if d := after.sub(before); d.leaderTunlRx < 2 || d.leaderWGTx < 2 {
-			return fmt.Errorf("the requests did not pass the leader either (cilium_tunl rx +%d, kilo0 tx +%d): "+
-				"the failure is not about the return path", d.leaderTunlRx, d.leaderWGTx)
-		}
-		info("without the rule the requests still went out kilo0 and no reply came back")
-		return nil
+		return checkReturnRuleNeeded(ctx, remotePod)
 	})
 	r.step("return-rule-restored", func() error {
 		res, err := d.apply(ctx, leaderNode)
@@ -258,7 +203,7 @@ func run() int {
 		return pingAll(ctx, workerNode.Name, remotePod, 2)
 	})
 
-	fmt.Printf("SUMMARY %d passed, %d failed\n", len(steps)-r.failed, r.failed)
+	fmt.Printf("SUMMARY %d passed, %d failed\n", len(planSteps)-r.failed, r.failed)
 	if r.failed > 0 {
 		return 1
 	}
@@ -613,4 +558,76 @@ func leaderDropCause(ctx context.Context) string {
 		"the reverse-path filter drops decapsulated packets whose source is not routed back through %s, "+
 		"and the kernel applies even loose mode (2) that way on a device without an IPv4 address",
 		remoteNode.Pod, workerNode.Pod, tunnelDev, oneLine(err.Error()), tunnelDev, strings.TrimSpace(rpf), tunnelDev)
+}
+
+// checkTrafficViaLeader: during 3 pings from the worker's pod the leader's
+// cilium_tunl received and its kilo0 sent >= 3 packets; the worker's kilo0
+// sent none.
+func checkTrafficViaLeader(ctx context.Context, remotePod string) error {
+	before, err := counters(ctx)
+	if err != nil {
+		return err
+	}
+	if err := pingAll(ctx, podNS(workerNode), remotePod, 3); err != nil {
+		return err
+	}
+	after, err := counters(ctx)
+	if err != nil {
+		return err
+	}
+	delta := after.sub(before)
+	info("counter deltas over 3 pings: leader cilium_tunl rx %d, leader kilo0 tx %d, worker kilo0 tx %d",
+		delta.leaderTunlRx, delta.leaderWGTx, delta.workerWGTx)
+	if delta.leaderTunlRx < 3 || delta.leaderWGTx < 3 {
+		return fmt.Errorf("leader cilium_tunl rx +%d and kilo0 tx +%d packets, want >= 3 each", delta.leaderTunlRx, delta.leaderWGTx)
+	}
+	if delta.workerWGTx != 0 {
+		return fmt.Errorf("worker kilo0 sent %d packets, want 0", delta.workerWGTx)
+	}
+	return nil
+}
+
+// checkPrivateIPPing: pings from the worker's private IP get every reply,
+// and the replies came back through the worker's cilium_tunl.
+func checkPrivateIPPing(ctx context.Context, remotePod string) error {
+	before, err := linkStats(ctx, workerNode.Name, tunnelDev)
+	if err != nil {
+		return err
+	}
+	if err := pingAll(ctx, workerNode.Name, remotePod, 3); err != nil {
+		return err
+	}
+	after, err := linkStats(ctx, workerNode.Name, tunnelDev)
+	if err != nil {
+		return err
+	}
+	if got := after.rx - before.rx; got < 3 {
+		return fmt.Errorf("worker cilium_tunl received %d packets during 3 pings from its private IP, want >= 3", got)
+	}
+	return nil
+}
+
+// checkReturnRuleNeeded (the leader's return rule just deleted): pings from
+// the worker's private IP fail although the requests still pass the
+// leader's cilium_tunl and kilo0.
+func checkReturnRuleNeeded(ctx context.Context, remotePod string) error {
+	before, err := counters(ctx)
+	if err != nil {
+		return err
+	}
+	if err := pingAll(ctx, workerNode.Name, remotePod, 2); err == nil {
+		return errors.New("ping from the worker's private IP succeeded without the leader's table-1107 rule")
+	}
+	after, err := counters(ctx)
+	if err != nil {
+		return err
+	}
+	// The requests must still have reached kilo0 on the leader: it is
+	// the replies that got lost.
+	if d := after.sub(before); d.leaderTunlRx < 2 || d.leaderWGTx < 2 {
+		return fmt.Errorf("the requests did not pass the leader either (cilium_tunl rx +%d, kilo0 tx +%d): "+
+			"the failure is not about the return path", d.leaderTunlRx, d.leaderWGTx)
+	}
+	info("without the rule the requests still went out kilo0 and no reply came back")
+	return nil
 }

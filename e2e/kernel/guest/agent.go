@@ -1,0 +1,609 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// Agent mode: the real agent, `meshlet run --wireguard=kernel`, one per
+// node namespace, against the kube-apiserver that e2e/kernel/host runs on
+// the host. run.sh packs into the initramfs (under /etc/meshlet):
+//
+//	mode                "agent"
+//	api-port            the API server's port on the host's loopback
+//	meshlet.kubeconfig  meshlet's ServiceAccount, server https://127.0.0.1:6443
+//	keys/NODE           each node's WireGuard private key (the host checks
+//	                    the published key annotations against them)
+//
+// The guest reaches the host's 127.0.0.1:PORT at 10.0.2.2:PORT (QEMU user
+// networking, eth0 in the guest's root namespace). The node namespaces
+// have no route there; for each node the runner listens on 127.0.0.1:6443
+// inside the node's namespace (a socket keeps the namespace it was made
+// in) and forwards every connection to 10.0.2.2:PORT from the root
+// namespace. That stands in for a node's path to its API server.
+const (
+	etcDir        = "/etc/meshlet"
+	guestAddr     = "10.0.2.15/24"
+	hostGateway   = "10.0.2.2"
+	apiListenAddr = "127.0.0.1:6443"
+	metricsAddr   = "127.0.0.1:1107"
+)
+
+// agentSteps are agent mode's checks, in order.
+var agentSteps = []string{
+	"fixture",
+	"api-reachable",
+	"plan",
+	"agent-ready-leader",
+	"agent-ready-worker",
+	"agent-ready-remote",
+	"kernel-wireguard-leader",
+	"kernel-wireguard-remote",
+	"worker-kilo0-down-no-peers",
+	"worker-route-via-cilium_tunl",
+	"pod-ping-worker-to-remote",
+	"traffic-via-leader",
+	"remote-handshake-with-leader",
+	"leader-return-rule-table-1107",
+	"private-ip-ping-returns-via-tunnel",
+	"route-restored-by-watch",
+	"return-rule-needed",
+	"leader-restart-session-kept",
+}
+
+// agentProc is one running `meshlet run`.
+type agentProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+type agentDriver struct {
+	dir   string // /run/meshlet: per-node key, log
+	kc    string // kubeconfig
+	procs map[string]*agentProc
+}
+
+func (d *agentDriver) logPath(n nodeDef) string { return filepath.Join(d.dir, n.Name, "meshlet.log") }
+
+// args is meshlet's command line on node n: Cozystack's Kilo flags.
+func (d *agentDriver) args(n nodeDef) []string {
+	return []string{"run",
+		"--wireguard=kernel",
+		"--hostname=" + n.Name,
+		"--kubeconfig=" + d.kc,
+		"--internal-cidr=" + n.Private.String(),
+		"--compatibility=cilium",
+		"--encapsulate=crosssubnet",
+		"--local=false",
+		"--mesh-granularity=location",
+		"--subnet=" + settings().Subnet.String(),
+		"--port=" + strconv.Itoa(wgPort),
+		"--listen=" + metricsAddr,
+		"--key-file=" + filepath.Join(d.dir, n.Name, "key"),
+		"--log-level=info",
+	}
+}
+
+// start starts meshlet in node n's namespace (`ip netns exec` execs it, so
+// the process is meshlet itself).
+func (d *agentDriver) start(n nodeDef) error {
+	if p := d.procs[n.Name]; p != nil {
+		return fmt.Errorf("%s: meshlet already running", n.Name)
+	}
+	log, err := os.OpenFile(d.logPath(n), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(ipBin, append([]string{"netns", "exec", n.Name, "/bin/meshlet"}, d.args(n)...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	fmt.Fprintf(log, "=== kernel-guest: starting %s\n", strings.Join(cmd.Args, " "))
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return err
+	}
+	p := &agentProc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		fmt.Fprintf(log, "=== kernel-guest: meshlet exited: %v\n", cmd.ProcessState)
+		log.Close()
+		close(p.done)
+	}()
+	d.procs[n.Name] = p
+	return nil
+}
+
+// stop sends SIGTERM and waits for the exit (meshlet leaves the data
+// plane in place on SIGTERM).
+func (d *agentDriver) stop(ctx context.Context, n nodeDef) error {
+	p := d.procs[n.Name]
+	if p == nil {
+		return fmt.Errorf("%s: meshlet not running", n.Name)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(pollTimeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s: meshlet did not stop within %s of SIGTERM", n.Name, pollTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	delete(d.procs, n.Name)
+	return nil
+}
+
+// get fetches http://127.0.0.1:1107/PATH inside node n (`guest httpget`
+// through `ip netns exec`; the static busybox's wget segfaults there).
+func get(ctx context.Context, n nodeDef, path string) (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return inNS(ctx, n.Name, exe, "httpget", "http://"+metricsAddr+path)
+}
+
+// httpgetCmd is `guest httpget URL`: print the body, fail unless 200.
+func httpgetCmd(url string) error {
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, oneLine(string(b)))
+	}
+	_, err = os.Stdout.Write(b)
+	return err
+}
+
+// waitReady polls /readyz until it answers 200 or meshlet exits.
+func (d *agentDriver) waitReady(ctx context.Context, n nodeDef, timeout time.Duration) error {
+	p := d.procs[n.Name]
+	if p == nil {
+		return fmt.Errorf("%s: meshlet not running", n.Name)
+	}
+	var last error
+	err := poll(ctx, timeout, func() error {
+		select {
+		case <-p.done:
+			return errStop{fmt.Errorf("meshlet exited: %v", p.cmd.ProcessState)}
+		default:
+		}
+		_, last = get(ctx, n, "/readyz")
+		return last
+	})
+	if err != nil {
+		return fmt.Errorf("%s: /readyz: %w", n.Name, err)
+	}
+	return nil
+}
+
+// errStop ends a poll at once.
+type errStop struct{ error }
+
+// poll calls fn until it returns nil, errStop, or timeout passes; it
+// returns fn's last error.
+func poll(ctx context.Context, timeout time.Duration, fn func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		var stop errStop
+		if errors.As(err, &stop) {
+			return stop.error
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// dumpLogs prints the tail of every node's meshlet log.
+func (d *agentDriver) dumpLogs(lines int) {
+	for _, n := range scenarioNodes {
+		b, err := os.ReadFile(d.logPath(n))
+		if err != nil {
+			info("log %s: %v", n.Name, err)
+			continue
+		}
+		ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if len(ls) > lines {
+			ls = ls[len(ls)-lines:]
+		}
+		for _, l := range ls {
+			fmt.Printf("AGENTLOG %s: %s\n", n.Name, l)
+		}
+	}
+}
+
+// guestNetwork brings up the guest's user-networking NIC (QEMU's slirp:
+// the guest is 10.0.2.15, the host's loopback is 10.0.2.2).
+func guestNetwork(ctx context.Context) error {
+	// virtio_net was just loaded by /init; its eth0 may still be coming.
+	if err := poll(ctx, 10*time.Second, func() error {
+		_, err := ip(ctx, "link", "show", "dev", "eth0")
+		return err
+	}); err != nil {
+		return fmt.Errorf("no eth0 (QEMU user networking): %w", err)
+	}
+	for _, c := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"addr", "add", guestAddr, "dev", "eth0"},
+		{"link", "set", "eth0", "up"},
+	} {
+		if _, err := ip(ctx, c...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forwardAPI listens on 127.0.0.1:6443 inside node ns's namespace and
+// copies every connection to target, dialled from the root namespace.
+func forwardAPI(ns, target string) error {
+	ln, err := listenInNS(ns, apiListenAddr)
+	if err != nil {
+		return fmt.Errorf("%s: listening on %s: %w", ns, apiListenAddr, err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.DialTimeout("tcp", target, 10*time.Second)
+				if err != nil {
+					info("forwarder %s: dial %s: %v", ns, target, err)
+					return
+				}
+				defer u.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(u, c); closeWrite(u); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(c, u); closeWrite(c); done <- struct{}{} }()
+				<-done
+				<-done
+			}()
+		}
+	}()
+	return nil
+}
+
+func closeWrite(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+}
+
+// listenInNS opens a TCP listener inside the named network namespace: on a
+// locked OS thread switched into it and back. The socket stays in ns.
+func listenInNS(ns, addr string) (net.Listener, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	if err := netns.Set(target); err != nil {
+		return nil, err
+	}
+	ln, lerr := net.Listen("tcp", addr)
+	if err := netns.Set(orig); err != nil {
+		// This thread is in the wrong namespace: never let it run
+		// anything else (a locked thread that exits is destroyed).
+		runtime.LockOSThread()
+		if ln != nil {
+			ln.Close()
+		}
+		return nil, fmt.Errorf("switching back to the root namespace: %w", err)
+	}
+	return ln, lerr
+}
+
+// checkAPI does an HTTPS GET /readyz on the host's API server over QEMU
+// user networking, verifying its certificate with the kubeconfig's CA
+// (the certificate is for 127.0.0.1, the address the nodes use).
+func checkAPI(ctx context.Context, kubeconfig, target string) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(cfg.CAData) {
+		return errors.New("kubeconfig has no CA certificate")
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"},
+	}}
+	return poll(ctx, pollTimeout, func() error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+target+"/readyz", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /readyz: %s: %s", resp.Status, oneLine(string(b)))
+		}
+		return nil
+	})
+}
+
+// loadKeys reads the private keys the host made.
+func loadKeys() (keys, error) {
+	ks := keys{}
+	for _, n := range scenarioNodes {
+		b, err := os.ReadFile(filepath.Join(etcDir, "keys", n.Name))
+		if err != nil {
+			return nil, err
+		}
+		k, err := wgtypes.ParseKey(strings.TrimSpace(string(b)))
+		if err != nil {
+			return nil, fmt.Errorf("key of %s: %w", n.Name, err)
+		}
+		ks[n.Name] = k
+	}
+	return ks, nil
+}
+
+// metric returns the sum of a counter's series whose label set contains
+// match (e.g. `object="peer"`) from node n's /metrics; 0 when absent.
+func metric(ctx context.Context, n nodeDef, name, match string) (float64, error) {
+	out, err := get(ctx, n, "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
+			continue
+		}
+		if match != "" && !strings.Contains(l, match) {
+			continue
+		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q: %w", name, l, err)
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
+// runAgentMode is `guest run` in agent mode.
+func runAgentMode() int {
+	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
+	defer cancel()
+	r := &reporter{steps: agentSteps}
+	d := &agentDriver{dir: "/run/meshlet", kc: filepath.Join(etcDir, "meshlet.kubeconfig"), procs: map[string]*agentProc{}}
+	defer func() {
+		for _, n := range scenarioNodes {
+			if d.procs[n.Name] != nil {
+				_ = d.stop(context.Background(), n)
+			}
+		}
+	}()
+	if !r.step("fixture", func() error {
+		if err := guestNetwork(ctx); err != nil {
+			return err
+		}
+		return setupFixture(ctx)
+	}) {
+		r.skipRest("no fixture")
+		return 1
+	}
+
+	portB, err := os.ReadFile(filepath.Join(etcDir, "api-port"))
+	if err != nil {
+		r.skipRest(err.Error())
+		return 1
+	}
+	target := net.JoinHostPort(hostGateway, strings.TrimSpace(string(portB)))
+	if !r.step("api-reachable", func() error {
+		if err := checkAPI(ctx, d.kc, target); err != nil {
+			return err
+		}
+		for _, n := range scenarioNodes {
+			if err := forwardAPI(n.Name, target); err != nil {
+				return err
+			}
+		}
+		info("API server %s reached over QEMU user networking; forwarders on %s in every node", target, apiListenAddr)
+		return nil
+	}) {
+		r.skipRest("no API server")
+		return 1
+	}
+
+	ks, err := loadKeys()
+	if err != nil {
+		r.skipRest(err.Error())
+		return 1
+	}
+	// The expected plans: the planner on the scenario as data, with the
+	// keys the agents use. The kernel checks compare the device with them.
+	ps := plans(ks, time.Now())
+	r.step("plan", func() error { return checkPlans(ps, ks) })
+
+	started := true
+	for _, n := range scenarioNodes {
+		ok := r.step("agent-ready-"+n.Name, func() error {
+			nd := filepath.Join(d.dir, n.Name)
+			if err := os.MkdirAll(nd, 0o700); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(nd, "key"), []byte(ks[n.Name].String()+"\n"), 0o600); err != nil {
+				return err
+			}
+			if err := d.start(n); err != nil {
+				return err
+			}
+			return d.waitReady(ctx, n, 60*time.Second)
+		})
+		started = started && ok
+	}
+	if !started {
+		d.dumpLogs(30)
+		r.skipRest("meshlet not ready")
+		return 1
+	}
+
+	// The agents converge as the others publish their annotations: every
+	// kernel check polls until it holds.
+	converge := func(fn func() error) func() error {
+		return func() error { return poll(ctx, pollTimeout, fn) }
+	}
+	ok := r.step("kernel-wireguard-leader", converge(func() error { return checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]) }))
+	ok = r.step("kernel-wireguard-remote", converge(func() error { return checkKernelDevice(ctx, remoteNode, ps[remoteNode.Name]) })) && ok
+	ok = r.step("worker-kilo0-down-no-peers", converge(func() error { return checkWorkerIdle(ctx) })) && ok
+	ok = r.step("worker-route-via-cilium_tunl", converge(func() error { return checkWorkerRoute(ctx) })) && ok
+	if !ok {
+		d.dumpLogs(20)
+	}
+
+	remotePod := remoteNode.Pod.String()
+	if !r.step("pod-ping-worker-to-remote", func() error {
+		err := pingUntil(ctx, podNS(workerNode), remotePod)
+		if err != nil {
+			err = fmt.Errorf("%w%s", err, leaderDropCause(ctx))
+		}
+		return err
+	}) {
+		diagnose(ctx)
+	}
+	r.step("traffic-via-leader", func() error { return checkTrafficViaLeader(ctx, remotePod) })
+	r.step("remote-handshake-with-leader", func() error {
+		_, err := handshakes(ctx, ks, true)
+		return err
+	})
+	r.step("leader-return-rule-table-1107", converge(func() error { return checkReturnPath(ctx) }))
+	r.step("private-ip-ping-returns-via-tunnel", func() error { return checkPrivateIPPing(ctx, remotePod) })
+
+	r.step("route-restored-by-watch", func() error {
+		dst := remoteNode.PodCIDR.String()
+		if _, err := ip(ctx, "-n", workerNode.Name, "route", "del", dst); err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := poll(ctx, 5*time.Second, func() error { return checkWorkerRoute(ctx) }); err != nil {
+			return fmt.Errorf("the deleted route did not come back: %w", err)
+		}
+		took := time.Since(start)
+		info("worker route %s deleted, meshlet restored it after %s", dst, took.Round(time.Millisecond))
+		if took > time.Second {
+			return fmt.Errorf("route restored after %s, want within 1s (meshlet watches netlink)", took.Round(time.Millisecond))
+		}
+		return nil
+	})
+
+	returnRule := []string{"iif", "kilo0", "to", workerNode.Private.Addr().String() + "/32", "lookup", strconv.Itoa(topology.KiloTable)}
+	var hs1 [2]time.Time
+	r.step("return-rule-needed", func() error {
+		// Stopped, meshlet leaves the data plane as it is; nothing
+		// puts the rule back while it is down.
+		if err := d.stop(ctx, leaderNode); err != nil {
+			return err
+		}
+		if hs1, err = handshakes(ctx, ks, false); err != nil {
+			return err
+		}
+		if err := checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]); err != nil {
+			return fmt.Errorf("after SIGTERM: %w", err)
+		}
+		if _, err := ip(ctx, append([]string{"-n", leaderNode.Name, "rule", "del"}, returnRule...)...); err != nil {
+			return err
+		}
+		return checkReturnRuleNeeded(ctx, remotePod)
+	})
+	r.step("leader-restart-session-kept", func() error {
+		if err := d.start(leaderNode); err != nil {
+			return err
+		}
+		if err := d.waitReady(ctx, leaderNode, 60*time.Second); err != nil {
+			return err
+		}
+		if err := poll(ctx, pollTimeout, func() error { return checkReturnPath(ctx) }); err != nil {
+			return fmt.Errorf("the restarted meshlet did not restore the return path: %w", err)
+		}
+		if err := checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]); err != nil {
+			return err
+		}
+		// Before any new traffic: the sessions are the ones from before.
+		hs2, err := handshakes(ctx, ks, false)
+		if err != nil {
+			return err
+		}
+		if hs1 != hs2 {
+			return fmt.Errorf("handshake times moved across the restart: %v -> %v", hs1, hs2)
+		}
+		peers, err := metric(ctx, leaderNode, "meshlet_dataplane_changes_total", `object="peer"`)
+		if err != nil {
+			return err
+		}
+		rules, err := metric(ctx, leaderNode, "meshlet_dataplane_changes_total", `object="rule"`)
+		if err != nil {
+			return err
+		}
+		info("restarted leader: dataplane changes peer=%v rule=%v; handshake times unchanged (leader %s, remote %s)",
+			peers, rules, hs1[0].Format(time.RFC3339Nano), hs1[1].Format(time.RFC3339Nano))
+		if peers != 0 {
+			return fmt.Errorf("the restarted meshlet changed %v WireGuard peers, want 0", peers)
+		}
+		if rules < 1 {
+			return fmt.Errorf("the restarted meshlet reports %v rule changes, want the return rule", rules)
+		}
+		return pingAll(ctx, workerNode.Name, remotePod, 2)
+	})
+
+	if r.failed > 0 {
+		d.dumpLogs(25)
+	}
+	fmt.Printf("SUMMARY %d passed, %d failed\n", len(agentSteps)-r.failed, r.failed)
+	if r.failed > 0 {
+		return 1
+	}
+	return 0
+}
