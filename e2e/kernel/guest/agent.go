@@ -66,6 +66,7 @@ var agentSteps = []string{
 	"remote-handshake-with-leader",
 	"leader-return-rule-table-1107",
 	"private-ip-ping-returns-via-tunnel",
+	"agent-metrics-steady",
 	"route-restored-by-watch",
 	"return-rule-needed",
 	"leader-restart-session-kept",
@@ -413,6 +414,133 @@ func metric(ctx context.Context, n nodeDef, name, match string) (float64, error)
 	return sum, nil
 }
 
+// series parses one metric's series from a /metrics page: label set (the
+// text between the braces, "" for none) -> value.
+func series(page, name string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, l := range strings.Split(page, "\n") {
+		var labels, rest string
+		switch {
+		case strings.HasPrefix(l, name+"{"):
+			i := strings.Index(l, "}")
+			if i < 0 {
+				return nil, fmt.Errorf("%s: %q", name, l)
+			}
+			labels, rest = l[len(name)+1:i], l[i+1:]
+		case strings.HasPrefix(l, name+" "):
+			rest = l[len(name):]
+		default:
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", name, l, err)
+		}
+		out[labels] = v
+	}
+	return out, nil
+}
+
+// steadyExcluded are meshlet_dataplane_changes_total objects the steady
+// check does not count. "link": agent/node/node.go (Host.Apply) counts a
+// link change whenever netlinkx reports the tunnel device in use
+// (Report.Tunnel != ""), i.e. on every reconcile of a node whose plan
+// routes through cilium_tunl, although nothing changed. Remove the entry
+// once that is fixed.
+var steadyExcluded = map[string]bool{`object="link"`: true}
+
+// checkSteady: every agent reports its role (meshlet_leader, meshlet_peers)
+// and, once converged, a full reconcile changes nothing on the data plane.
+func checkSteady(ctx context.Context) error {
+	type snap struct{ reconciles, changes, excluded float64 }
+	read := func(n nodeDef) (snap, error) {
+		page, err := get(ctx, n, "/metrics")
+		if err != nil {
+			return snap{}, err
+		}
+		var s snap
+		rs, err := series(page, "meshlet_reconciles_total")
+		if err != nil {
+			return s, err
+		}
+		for _, v := range rs {
+			s.reconciles += v
+		}
+		cs, err := series(page, "meshlet_dataplane_changes_total")
+		if err != nil {
+			return s, err
+		}
+		for l, v := range cs {
+			if steadyExcluded[l] {
+				s.excluded += v
+			} else {
+				s.changes += v
+			}
+		}
+		return s, nil
+	}
+	var errs []error
+	before := map[string]snap{}
+	for _, n := range scenarioNodes {
+		page, err := get(ctx, n, "/metrics")
+		if err != nil {
+			return err
+		}
+		leader, err := series(page, "meshlet_leader")
+		if err != nil {
+			return err
+		}
+		peers, err := series(page, "meshlet_peers")
+		if err != nil {
+			return err
+		}
+		want, wantPeers := 0.0, 0.0
+		if n.Leader || n.Name == remoteNode.Name {
+			want, wantPeers = 1, 1
+		}
+		if leader[""] != want || peers[`kind="segment"`] != wantPeers {
+			errs = append(errs, fmt.Errorf("%s: meshlet_leader %v, meshlet_peers{kind=\"segment\"} %v; want %v and %v",
+				n.Name, leader[""], peers[`kind="segment"`], want, wantPeers))
+		}
+		if before[n.Name], err = read(n); err != nil {
+			return err
+		}
+	}
+	// Reconciles run on every Node update (each agent refreshes its
+	// last-seen every 30 s) and on the resync period.
+	for _, n := range scenarioNodes {
+		var after snap
+		if err := poll(ctx, 45*time.Second, func() error {
+			var err error
+			if after, err = read(n); err != nil {
+				return err
+			}
+			if after.reconciles <= before[n.Name].reconciles {
+				return fmt.Errorf("%s: no reconcile since %v", n.Name, before[n.Name].reconciles)
+			}
+			return nil
+		}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b := before[n.Name]
+		info("%s: %v reconciles, data-plane changes +%v (excluded %v: +%v)", n.Name, after.reconciles-b.reconciles,
+			after.changes-b.changes, keysOfSet(steadyExcluded), after.excluded-b.excluded)
+		if after.changes != b.changes {
+			errs = append(errs, fmt.Errorf("%s: %v data-plane changes in a steady reconcile, want 0", n.Name, after.changes-b.changes))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func keysOfSet(m map[string]bool) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return strings.Join(ks, ",")
+}
+
 // runAgentMode is `guest run` in agent mode.
 func runAgentMode() int {
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
@@ -521,6 +649,8 @@ func runAgentMode() int {
 	})
 	r.step("leader-return-rule-table-1107", converge(func() error { return checkReturnPath(ctx) }))
 	r.step("private-ip-ping-returns-via-tunnel", func() error { return checkPrivateIPPing(ctx, remotePod) })
+
+	r.step("agent-metrics-steady", func() error { return checkSteady(ctx) })
 
 	r.step("route-restored-by-watch", func() error {
 		dst := remoteNode.PodCIDR.String()
