@@ -42,8 +42,11 @@ lint:
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
 
+# Needs root and: iproute2 nftables conntrack iputils-ping wireguard-tools.
+# pipefail: a failing test must fail make, not be hidden behind tee's status.
 e2e: build
-	MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt
+	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt'
+	@grep -h 'RESULT' e2e-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
 e2e-kernel: build
 	MESHLET_BIN=$(CURDIR)/$(BIN) hack/kernel/run.sh
