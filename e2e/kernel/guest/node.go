@@ -16,19 +16,18 @@ import (
 	"github.com/meshlet/meshlet/wg"
 )
 
-// driver makes meshlet's desired state real on one node. The checks only
-// look at the kernel (devices, routes, rules, counters, wgctrl), never at
-// the driver, so the driver can be swapped:
+// driver makes meshlet's desired state real on one node, once per call:
+// plan mode's planDriver. The planner input is data (scenario.go); run
+// computes every node's plan with topology.Compute and applies it in the
+// node's namespace with meshlet's wg and netlinkx packages, in a child
+// process started through `ip netns exec` (so wgctrl's generic netlink
+// socket, the netlink handle and /proc/sys all belong to that namespace).
 //
-//   - planDriver (today): the planner input is data (scenario.go); run
-//     computes every node's plan with topology.Compute and applies it in the
-//     node's namespace with meshlet's wg and netlinkx packages, in a child
-//     process started through `ip netns exec` (so wgctrl's generic netlink
-//     socket, the netlink handle and /proc/sys all belong to that namespace).
-//   - an agent driver (later): start `meshlet run --wireguard=kernel` per
-//     node through the same `ip netns exec`, against an API server on the
-//     host (reached over QEMU user networking) holding the same three Node
-//     objects, and report what the agent's reconcile pass changed.
+// Agent mode (agent.go, the default) does not apply anything itself: it
+// starts `meshlet run --wireguard=kernel` per node through the same
+// `ip netns exec` and waits for the kernel to converge. The checks only
+// look at the kernel (devices, routes, rules, counters, wgctrl), never at
+// the driver, so both modes share them.
 type driver interface {
 	// apply brings node n to its desired state once and reports what changed.
 	apply(ctx context.Context, n nodeDef) (applyResult, error)
