@@ -88,6 +88,9 @@ type Loop struct {
 	ready   atomic.Bool
 	lastErr atomic.Pointer[string]
 	runs    atomic.Int64
+	// nextChange is when the last snapshot's readiness changes by itself
+	// (a last-seen ageing out), as unix nanoseconds; 0 = never.
+	nextChange atomic.Int64
 }
 
 func (l *Loop) init() {
@@ -146,10 +149,13 @@ func (l *Loop) Run(ctx context.Context) error {
 	resync := time.NewTicker(l.Resync)
 	defer resync.Stop()
 	var debounce <-chan time.Time
-	var retry *time.Timer
+	var retry, expiry *time.Timer
 	defer func() {
 		if retry != nil {
 			retry.Stop()
+		}
+		if expiry != nil {
+			expiry.Stop()
 		}
 	}()
 	l.Notify(time.Time{})
@@ -178,6 +184,17 @@ func (l *Loop) Run(ctx context.Context) error {
 					retry.Stop()
 				}
 				retry = time.AfterFunc(time.Second, func() { l.Notify(time.Time{}) })
+			}
+			// Re-plan when a node's last-seen ages out (see
+			// topology.NextReadinessChange); a little after, so the
+			// planner sees it stale.
+			if expiry != nil {
+				expiry.Stop()
+				expiry = nil
+			}
+			if next := l.nextChange.Load(); next != 0 {
+				wait := time.Duration(next-l.Now().UnixNano()) + 100*time.Millisecond
+				expiry = time.AfterFunc(max(wait, 0), func() { l.Notify(time.Time{}) })
 			}
 		}
 	}
@@ -217,6 +234,11 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	snap.Now = l.Now()
 	snap.Settings = l.Settings
 	plan := topology.Compute(snap, self)
+	if next := topology.NextReadinessChange(snap); next.IsZero() {
+		l.nextChange.Store(0)
+	} else {
+		l.nextChange.Store(next.UnixNano())
+	}
 	if l.OnPlan != nil {
 		l.OnPlan(plan)
 	}

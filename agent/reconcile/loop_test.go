@@ -154,3 +154,36 @@ func TestEventsAreDebouncedIntoOneRun(t *testing.T) {
 		t.Fatalf("applies = %d, want 3 (initial, one for the burst of 20, one for the last event)", got)
 	}
 }
+
+// A node whose last-seen ages out is noticed when it does, not at the next
+// resync (an hour here): the loop re-plans by itself.
+func TestReplansWhenANodeGoesStale(t *testing.T) {
+	start := time.Now()
+	l, snap, wg, _ := newLoop(t, start)
+	l.Now = time.Now
+	// b's last-seen leaves Kilo's 60 s window 300 ms from now.
+	snap.mu.Lock()
+	snap.snap.Nodes[1].LastSeen = start.Add(-60*time.Second + 300*time.Millisecond)
+	snap.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { _ = l.Run(ctx); close(done) }()
+	first := <-wg.done
+	if len(first.Peers) != 1 {
+		t.Fatalf("initial plan has %d peers, want b", len(first.Peers))
+	}
+	select {
+	case d := <-wg.done:
+		if len(d.Peers) != 0 {
+			t.Errorf("re-plan after b went stale still has peers %+v", d.Peers)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("re-planned after %v", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no re-plan when b's last-seen aged out (resync is an hour)")
+	}
+	cancel()
+	<-done
+}

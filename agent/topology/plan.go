@@ -681,3 +681,29 @@ func dedupRejections(rs []Rejection) []Rejection {
 	}
 	return out
 }
+
+// NextReadinessChange is the earliest time after snap.Now at which a node
+// (local or remote) that is fresh now stops being Ready because its
+// last-seen ages past Kilo's window; zero when none will. Nothing notifies
+// the agent of an annotation that does NOT change, so the loop re-plans at
+// that moment instead of at the next resync: a dead leader is replaced as
+// soon as Kilo's rule allows, not up to a resync period later.
+func NextReadinessChange(snap Snapshot) time.Time {
+	var next time.Time
+	consider := func(ns []Node) {
+		for i := range ns {
+			if ns[i].LastSeen.IsZero() {
+				continue
+			}
+			t := ns[i].LastSeen.Add(readyWindow)
+			if t.After(snap.Now) && (next.IsZero() || t.Before(next)) {
+				next = t
+			}
+		}
+	}
+	consider(snap.Nodes)
+	for _, r := range snap.Remotes {
+		consider(r.Nodes)
+	}
+	return next
+}
