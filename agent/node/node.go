@@ -119,7 +119,7 @@ func (h *Host) Apply(ctx context.Context, plan topology.Plan) (reconcile.Changes
 		"iptables": len(r.Firewall.Changes),
 		"sysctl":   len(r.Sysctls),
 	}
-	if r.Link.MTUChanged || r.Link.StateChanged || r.Tunnel != "" {
+	if r.Link.MTUChanged || r.Link.StateChanged {
 		c["link"] = 1
 	}
 	if err != nil {
