@@ -178,9 +178,6 @@ func TestReplansWhenANodeGoesStale(t *testing.T) {
 		if len(d.Peers) != 0 {
 			t.Errorf("re-plan after b went stale still has peers %+v", d.Peers)
 		}
-		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("re-planned after %v", took)
-		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no re-plan when b's last-seen aged out (resync is an hour)")
 	}
