@@ -44,10 +44,14 @@ func prereqs(t *testing.T) {
 
 // newEnv returns a fresh harness, torn down when the test ends (also on
 // failure, after dumping the tail of every meshlet log).
-func newEnv(t *testing.T) (*harness.Env, context.Context) {
+func newEnv(t *testing.T, tune ...func(*harness.Options)) (*harness.Env, context.Context) {
 	t.Helper()
 	prereqs(t)
-	env, err := harness.New(harness.Options{Logf: t.Logf, KeepDir: os.Getenv("E2E_KEEP") != ""})
+	opts := harness.Options{Logf: t.Logf, KeepDir: os.Getenv("E2E_KEEP") != ""}
+	for _, f := range tune {
+		f(&opts)
+	}
+	env, err := harness.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
