@@ -31,7 +31,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo: needs root (network namespaces, WireGuard devices)")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Teardown must run however the demo ends: a closed terminal (SIGHUP)
+	// or output piped into `head` (SIGPIPE would kill the process before
+	// it removes its namespaces and API servers).
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	code := run(ctx, os.Stdout, *meshlet, *once, *verbose)
 	os.Exit(code)
