@@ -125,21 +125,6 @@ func leaderOf(t *testing.T, ctx context.Context, nodes ...*harness.Node) *harnes
 	return leader
 }
 
-// keysOf returns the published public keys of nodes.
-func keysOf(t *testing.T, ctx context.Context, nodes ...*harness.Node) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for _, n := range nodes {
-		k, err := n.PublicKey(ctx)
-		must(t, err)
-		if k == "" {
-			t.Fatalf("%s has no key annotation", n.Name)
-		}
-		out[k] = n.Name
-	}
-	return out
-}
-
 func names(m map[string]string) string {
 	var s []string
 	for _, v := range m {
