@@ -42,7 +42,7 @@ lint:
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
 
-# Needs root and: iproute2 nftables conntrack iputils-ping wireguard-tools.
+# Needs root and: iproute2 nftables conntrack iputils-ping.
 # pipefail: a failing test must fail make, not be hidden behind tee's status.
 e2e: build
 	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt'

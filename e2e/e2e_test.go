@@ -29,9 +29,9 @@ func prereqs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		apiserver.SkipOrFail(t, "e2e: needs root")
 	}
-	for _, tool := range []string{"ip", "nft", "conntrack", "ping", "wg"} {
+	for _, tool := range []string{"ip", "nft", "conntrack", "ping"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			apiserver.SkipOrFail(t, "e2e: %s not installed (apt-get install iproute2 nftables conntrack iputils-ping wireguard-tools)", tool)
+			apiserver.SkipOrFail(t, "e2e: %s not installed (apt-get install iproute2 nftables conntrack iputils-ping)", tool)
 		}
 	}
 	if os.Getenv("MESHLET_BIN") == "" {

@@ -183,12 +183,8 @@ func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr) (*P
 	}); err != nil {
 		return nil, err
 	}
-	keyFile := filepath.Join(h.WGDir, "key")
-	if err := os.WriteFile(keyFile, []byte(h.Private+"\n"), 0o600); err != nil {
-		return nil, err
-	}
-	if _, err := h.Exec(ctx, "wg", "set", PeerIface, "private-key", keyFile, "listen-port", "51820"); err != nil {
-		return nil, err
+	if err := setUAPI(h.WGDir, PeerIface, "private_key="+HexKey(h.Private), "listen_port=51820"); err != nil {
+		return nil, fmt.Errorf("peer host %s: %w", name, err)
 	}
 	for _, args := range [][]string{
 		{"addr", "add", netip.PrefixFrom(addr, 32).String(), "dev", PeerIface},
@@ -215,16 +211,15 @@ func (h *PeerHost) Exec(ctx context.Context, args ...string) (string, error) {
 // SetPeer configures the laptop's one peer (the mesh), with endpoint ""
 // for none, and routes nets through the tunnel.
 func (h *PeerHost) SetPeer(ctx context.Context, pubKey, endpoint string, nets []netip.Prefix) error {
-	var ips []string
+	lines := []string{"public_key=" + HexKey(pubKey), "replace_allowed_ips=true"}
 	for _, p := range nets {
-		ips = append(ips, p.String())
+		lines = append(lines, "allowed_ip="+p.String())
 	}
-	args := []string{"wg", "set", PeerIface, "peer", pubKey, "allowed-ips", strings.Join(ips, ",")}
 	if endpoint != "" {
-		args = append(args, "endpoint", endpoint)
+		lines = append(lines, "endpoint="+endpoint)
 	}
-	if _, err := h.Exec(ctx, args...); err != nil {
-		return err
+	if err := setUAPI(h.WGDir, PeerIface, lines...); err != nil {
+		return fmt.Errorf("peer host %s: %w", h.Name, err)
 	}
 	for _, p := range nets {
 		if err := ipn(ctx, h.NS, "route", "replace", p.String(), "dev", PeerIface, "src", h.Addr.String()); err != nil {

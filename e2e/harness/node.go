@@ -502,3 +502,12 @@ func HistogramQuantile(s *dto.Metric, q float64) float64 {
 	}
 	return prevBound
 }
+
+// RemovePeer removes a peer from the node's device behind meshlet's back,
+// as `wg set kilo0 peer KEY remove` does (same UAPI operation).
+func (n *Node) RemovePeer(pubKey string) error {
+	if err := setUAPI(n.WGDir, Iface, "public_key="+HexKey(pubKey), "remove=true"); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return nil
+}

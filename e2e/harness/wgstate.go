@@ -120,3 +120,29 @@ func (p WGPeer) EndpointAddr() netip.AddrPort {
 	a, _ := netip.ParseAddrPort(p.Endpoint)
 	return a
 }
+
+// setUAPI sends a UAPI "set" operation (the lines after set=1), exactly
+// what `wg set` sends to a userspace device; so the harness needs no
+// wireguard-tools.
+func setUAPI(sockDir, iface string, lines ...string) error {
+	c, err := net.DialTimeout("unix", filepath.Join(sockDir, iface+".sock"), time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("set=1\n" + strings.Join(lines, "\n") + "\n\n")); err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), "=")
+		if k == "errno" {
+			if v != "0" {
+				return fmt.Errorf("uapi set on %s: errno %s", iface, v)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("uapi set on %s: no answer: %v", iface, sc.Err())
+}
