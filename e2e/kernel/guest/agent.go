@@ -70,6 +70,7 @@ var agentSteps = []string{
 	"route-restored-by-watch",
 	"return-rule-needed",
 	"leader-restart-session-kept",
+	"agents-stopped-dataplane-kept",
 }
 
 // agentProc is one running `meshlet run`.
@@ -82,6 +83,7 @@ type agentDriver struct {
 	dir   string // /run/meshlet: per-node key, log
 	kc    string // kubeconfig
 	procs map[string]*agentProc
+	exits map[string][]string // node -> exit status of every stopped meshlet
 }
 
 func (d *agentDriver) logPath(n nodeDef) string { return filepath.Join(d.dir, n.Name, "meshlet.log") }
@@ -152,6 +154,7 @@ func (d *agentDriver) stop(ctx context.Context, n nodeDef) error {
 		return ctx.Err()
 	}
 	delete(d.procs, n.Name)
+	d.exits[n.Name] = append(d.exits[n.Name], p.cmd.ProcessState.String())
 	return nil
 }
 
@@ -248,6 +251,26 @@ func (d *agentDriver) dumpLogs(lines int) {
 		for _, l := range ls {
 			fmt.Printf("AGENTLOG %s: %s\n", n.Name, l)
 		}
+	}
+}
+
+// warnings prints every WARN and ERROR line of every node's meshlet log
+// (AGENTWARN lines; they do not fail the lane but end up in the summary's
+// serial log for whoever reads it).
+func (d *agentDriver) warnings() {
+	for _, n := range scenarioNodes {
+		b, err := os.ReadFile(d.logPath(n))
+		if err != nil {
+			continue
+		}
+		count := 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`) {
+				count++
+				fmt.Printf("AGENTWARN %s: %s\n", n.Name, l)
+			}
+		}
+		info("%s: meshlet logged %d warnings/errors, exited %v", n.Name, count, d.exits[n.Name])
 	}
 }
 
@@ -546,7 +569,7 @@ func runAgentMode() int {
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
 	defer cancel()
 	r := &reporter{steps: agentSteps}
-	d := &agentDriver{dir: "/run/meshlet", kc: filepath.Join(etcDir, "meshlet.kubeconfig"), procs: map[string]*agentProc{}}
+	d := &agentDriver{dir: "/run/meshlet", kc: filepath.Join(etcDir, "meshlet.kubeconfig"), procs: map[string]*agentProc{}, exits: map[string][]string{}}
 	defer func() {
 		for _, n := range scenarioNodes {
 			if d.procs[n.Name] != nil {
@@ -728,6 +751,39 @@ func runAgentMode() int {
 		return pingAll(ctx, workerNode.Name, remotePod, 2)
 	})
 
+	r.step("agents-stopped-dataplane-kept", func() error {
+		// SIGTERM, as a DaemonSet rollout would: every meshlet exits 0
+		// and leaves the data plane as it is, so traffic keeps flowing
+		// with no agent running.
+		var errs []error
+		for _, n := range scenarioNodes {
+			if err := d.stop(ctx, n); err != nil {
+				errs = append(errs, err)
+			} else if st := d.exits[n.Name][len(d.exits[n.Name])-1]; st != "exit status 0" {
+				errs = append(errs, fmt.Errorf("%s: meshlet %s on SIGTERM, want exit status 0", n.Name, st))
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		if err := checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]); err != nil {
+			return err
+		}
+		if err := checkWorkerRoute(ctx); err != nil {
+			return err
+		}
+		return pingAll(ctx, podNS(workerNode), remotePod, 2)
+	})
+
+	// Whatever failed, no agent outlives the scenario; then their logs.
+	for _, n := range scenarioNodes {
+		if d.procs[n.Name] != nil {
+			if err := d.stop(ctx, n); err != nil {
+				info("stopping meshlet on %s: %v", n.Name, err)
+			}
+		}
+	}
+	d.warnings()
 	if r.failed > 0 {
 		d.dumpLogs(25)
 	}
