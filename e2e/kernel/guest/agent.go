@@ -464,18 +464,10 @@ func series(page, name string) (map[string]float64, error) {
 	return out, nil
 }
 
-// steadyExcluded are meshlet_dataplane_changes_total objects the steady
-// check does not count. "link": agent/node/node.go (Host.Apply) counts a
-// link change whenever netlinkx reports the tunnel device in use
-// (Report.Tunnel != ""), i.e. on every reconcile of a node whose plan
-// routes through cilium_tunl, although nothing changed. Remove the entry
-// once that is fixed.
-var steadyExcluded = map[string]bool{`object="link"`: true}
-
 // checkSteady: every agent reports its role (meshlet_leader, meshlet_peers)
 // and, once converged, a full reconcile changes nothing on the data plane.
 func checkSteady(ctx context.Context) error {
-	type snap struct{ reconciles, changes, excluded float64 }
+	type snap struct{ reconciles, changes float64 }
 	read := func(n nodeDef) (snap, error) {
 		page, err := get(ctx, n, "/metrics")
 		if err != nil {
@@ -493,12 +485,8 @@ func checkSteady(ctx context.Context) error {
 		if err != nil {
 			return s, err
 		}
-		for l, v := range cs {
-			if steadyExcluded[l] {
-				s.excluded += v
-			} else {
-				s.changes += v
-			}
+		for _, v := range cs {
+			s.changes += v
 		}
 		return s, nil
 	}
@@ -547,21 +535,12 @@ func checkSteady(ctx context.Context) error {
 			continue
 		}
 		b := before[n.Name]
-		info("%s: %v reconciles, data-plane changes +%v (excluded %v: +%v)", n.Name, after.reconciles-b.reconciles,
-			after.changes-b.changes, keysOfSet(steadyExcluded), after.excluded-b.excluded)
+		info("%s: %v reconciles, data-plane changes +%v", n.Name, after.reconciles-b.reconciles, after.changes-b.changes)
 		if after.changes != b.changes {
 			errs = append(errs, fmt.Errorf("%s: %v data-plane changes in a steady reconcile, want 0", n.Name, after.changes-b.changes))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func keysOfSet(m map[string]bool) string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	return strings.Join(ks, ",")
 }
 
 // runAgentMode is `guest run` in agent mode.
