@@ -96,7 +96,16 @@ func (h *Host) subscribe() (*subscription, error) {
 	if h.ns.IsOpen() {
 		ns = &h.ns
 	}
-	onErr := func(err error) { h.log.Warn("netlink subscription error", "error", err) }
+	onErr := func(err error) {
+		// Closing done closes the sockets, which fails the pending
+		// receive: that is shutdown, not an error worth a warning.
+		select {
+		case <-s.done:
+			return
+		default:
+		}
+		h.log.Warn("netlink subscription error", "error", err)
+	}
 	if err := netlink.RouteSubscribeWithOptions(s.routes, s.done, netlink.RouteSubscribeOptions{Namespace: ns, ErrorCallback: onErr}); err != nil {
 		close(s.done)
 		return nil, fmt.Errorf("netlinkx: subscribe to route events: %w", err)
