@@ -511,3 +511,25 @@ func (n *Node) RemovePeer(pubKey string) error {
 	}
 	return nil
 }
+
+// HistogramDelta returns after − before for one histogram series (same
+// buckets): the observations made between two scrapes, so quantiles can be
+// taken over just those.
+func HistogramDelta(before, after *dto.Metric) *dto.Metric {
+	ha, hb := after.GetHistogram(), before.GetHistogram()
+	if ha == nil {
+		return after
+	}
+	count := ha.GetSampleCount() - hb.GetSampleCount()
+	sum := ha.GetSampleSum() - hb.GetSampleSum()
+	h := &dto.Histogram{SampleCount: &count, SampleSum: &sum}
+	for i, b := range ha.Bucket {
+		c := b.GetCumulativeCount()
+		if hb != nil && i < len(hb.Bucket) {
+			c -= hb.Bucket[i].GetCumulativeCount()
+		}
+		ub := b.GetUpperBound()
+		h.Bucket = append(h.Bucket, &dto.Bucket{CumulativeCount: &c, UpperBound: &ub})
+	}
+	return &dto.Metric{Histogram: h}
+}
