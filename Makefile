@@ -51,8 +51,12 @@ e2e: build
 e2e-kernel: build
 	MESHLET_BIN=$(CURDIR)/$(BIN) hack/kernel/run.sh
 
+# A local two-cluster mesh (root); Ctrl-C tears it down. DEMO_ARGS=--once
+# prints and exits. Built, not `go run`, so the demo's own exit status and
+# signal handling reach make.
 demo: build
-	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) run ./e2e/cmd/demo --meshlet $(CURDIR)/$(BIN)
+	$(GO) build -o bin/demo ./e2e/cmd/demo
+	MESHLET_K8S_BIN=$(K8S_BIN) bin/demo --meshlet $(CURDIR)/$(BIN) $(DEMO_ARGS)
 
 clean:
 	rm -rf bin e2e-report.txt

@@ -185,8 +185,9 @@ func show(ctx context.Context, out io.Writer, env *harness.Env) bool {
 	n0 := env.Nodes()[0]
 	fmt.Fprintf(out, "  any node: ip netns exec %s curl -s http://%s/metrics\n", n0.NS, harness.MetricsAddr)
 	fmt.Fprintf(out, "WireGuard state: ip netns exec %s sh -c 'mount --bind %s /run/wireguard && wg show kilo0'\n", n0.NS, n0.WGDir)
-	fmt.Fprintf(out, "Logs: %s/nodes/<node>/meshlet.log   kubectl: kubectl --kubeconfig %s get nodes -o wide\n",
-		env.Dir(), env.Clusters()[0].AdminKubeconfig())
+	c0 := env.Clusters()[0]
+	fmt.Fprintf(out, "Logs: %s/nodes/<node>/meshlet.log\nkubectl: %s --kubeconfig %s get nodes -o wide\n",
+		env.Dir(), c0.Server.KubectlPath(), c0.AdminKubeconfig())
 	if works {
 		fmt.Fprintln(out, "\nRESULT: the mesh works (cross-cluster ping answered).")
 	} else {
