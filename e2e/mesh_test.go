@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/meshlet/meshlet/agent/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
 )
@@ -151,6 +153,22 @@ func TestTwoClustersFullMesh(t *testing.T) {
 			t.Errorf("leader %s: wireguard-ip %q outside %s", l.Name, ann[topology.AnnotationWireGuardIP], l.Cluster.WGSubnet)
 		}
 	}
+
+	// A healthy mesh should reject nothing. Known: while the nodes start,
+	// each briefly leads (it sees no other Ready node yet) and publishes a
+	// wireguard-ip, so the other cluster reports DuplicateWireGuardIP for a
+	// moment. Logged and counted here, not failed, until the planner ignores
+	// wireguard-ips of remote nodes that do not lead by Kilo's rules.
+	spurious := 0
+	for _, c := range env.Clusters() {
+		evs, err := c.Admin.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+		must(t, err)
+		for _, e := range evs.Items {
+			spurious++
+			t.Logf("event in %s (healthy mesh): %s/%s %s: %s", c.Name, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+	report(t, "%d Events written while a healthy mesh started (startup leadership race; see log)", spurious)
 
 	// Non-leaders: kilo0 down, no WireGuard IP, the other cluster's pods
 	// via their leader's underlay address.
