@@ -118,62 +118,45 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 	}
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 
-	// Leaders are the nodes with a WireGuard IP (kg and meshlet publish it on
-	// segment leaders only); group the others by location behind them.
-	byLoc := map[string][]*Node{}
-	var locs []string
-	wgIPs := map[netip.Addr]string{}
+	// Rebuild the remote cluster's segments with Kilo's rules, from what
+	// its nodes publish (their granularity annotation, location, endpoint):
+	// the leader of each segment is the node its own agents elect. Only a
+	// leader that has published its WireGuard IP is peered with; a node
+	// that still shows a WireGuard IP without leading (an agent starting up,
+	// a leader that just lost the role) is ignored, not reported.
+	bySeg := map[string][]*Node{}
+	var keys []string
 	for _, n := range nodes {
-		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
-		fresh := !n.LastSeen.IsZero() && now.Sub(n.LastSeen) < readyWindow
-		if !fresh || n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 {
+		if !ready(n, now) {
 			continue
 		}
-		if n.WireGuardIP.IsValid() {
-			ip := n.WireGuardIP.Addr()
-			if _, in := r.allowed.covering(host(ip)); !in {
-				p.reject(ref, "wireguard-ip", ReasonOutsideAllowed, ip.String()+" is outside the cluster's allowedNetworks")
-				continue
-			}
-			if other, dup := wgIPs[ip]; dup {
-				p.reject(ref, "wireguard-ip", ReasonDuplicateWireGuardIP, ip.String()+" already used by node "+other)
-				continue
-			}
-			wgIPs[ip] = n.Name
+		k := remoteSegmentKey(n, p.set)
+		if _, ok := bySeg[k]; !ok {
+			keys = append(keys, k)
 		}
-		loc := n.location(p.set)
-		if _, ok := byLoc[loc]; !ok {
-			locs = append(locs, loc)
-		}
-		byLoc[loc] = append(byLoc[loc], n)
+		bySeg[k] = append(bySeg[k], n)
 	}
-	sort.Strings(locs)
+	sort.Strings(keys)
 	var groups []*remoteGroup
-	for _, loc := range locs {
-		var gs []*remoteGroup
-		var rest []*Node
-		for _, n := range byLoc[loc] {
-			if n.WireGuardIP.IsValid() {
-				gs = append(gs, &remoteGroup{leader: n, nodes: []*Node{n}})
-			} else {
-				rest = append(rest, n)
-			}
+	wgIPs := map[netip.Addr]string{}
+	for _, k := range keys {
+		seg := bySeg[k]
+		l := seg[findLeader(seg)]
+		if !l.WireGuardIP.IsValid() {
+			continue // the leader has not published its WireGuard IP yet
 		}
-		if len(gs) == 0 {
-			continue // no leader published yet: nothing to peer with
+		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
+		ip := l.WireGuardIP.Addr()
+		if _, in := r.allowed.covering(host(ip)); !in {
+			p.reject(ref, "wireguard-ip", ReasonOutsideAllowed, ip.String()+" is outside the cluster's allowedNetworks")
+			continue
 		}
-		// Non-leaders belong to the location's leader; with several leaders
-		// (full granularity, or a node without internal IP) to the first one
-		// that has an internal IP, as Kilo's location segment would.
-		home := gs[0]
-		for _, g := range gs {
-			if g.leader.InternalIP.IsValid() {
-				home = g
-				break
-			}
+		if other, dup := wgIPs[ip]; dup {
+			p.reject(ref, "wireguard-ip", ReasonDuplicateWireGuardIP, ip.String()+" already used by node "+other)
+			continue
 		}
-		home.nodes = append(home.nodes, rest...)
-		groups = append(groups, gs...)
+		wgIPs[ip] = l.Name
+		groups = append(groups, &remoteGroup{leader: l, nodes: seg})
 	}
 
 	var names []string
@@ -224,6 +207,19 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 		}
 	}
 	return names
+}
+
+// remoteSegmentKey is Kilo's segment of a remote node, with the remote
+// cluster's own granularity (its nodes publish it; location by default).
+func remoteSegmentKey(n *Node, set Settings) string {
+	switch n.Granularity {
+	case GranularityFull, GranularityCross:
+		return nodePrefix + n.Name
+	}
+	if !n.InternalIP.IsValid() {
+		return nodePrefix + n.Name
+	}
+	return locationPrefix + n.location(set)
 }
 
 func sortedPeers(ps []Peer) []Peer {

@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -275,5 +276,44 @@ func TestLocalAllowedLocationIPInRemoteNetwork(t *testing.T) {
 	}
 	if bx := peerByName(t, pl, "bx-1"); !containedIn(pfx("10.2.1.0/24"), bx.AllowedIPs) {
 		t.Errorf("bx-1 lost its pod CIDR: %v", bx.AllowedIPs)
+	}
+}
+
+func TestRemoteLeadersFollowKilosRules(t *testing.T) {
+	snap := twoClusters()
+	rc := &snap.Remotes[0]
+	// bx-2 still shows a WireGuard IP although bx-1 leads location x (an
+	// agent starting up, or a leader that just lost the role): it is not a
+	// peer, and it is not an error either.
+	rc.Nodes[1].WireGuardIP = pfx("100.66.1.1/24")
+	pl := Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if got := pl.Remotes[0].Leaders; !reflect.DeepEqual(got, []string{"bx-1", "by-1"}) {
+		t.Errorf("leaders = %v", got)
+	}
+	for _, r := range pl.Rejections {
+		if r.Object.Cluster == "cluster-b" {
+			t.Errorf("unexpected rejection %+v", r)
+		}
+	}
+	// The leader annotation moves the role: bx-2 leads once it has its IP.
+	rc.Nodes[1].Leader = true
+	rc.Nodes[1].WireGuardIP = pfx("100.66.1.3/24")
+	rc.Nodes[0].WireGuardIP = netip.Prefix{}
+	pl = Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if got := pl.Remotes[0].Leaders; !reflect.DeepEqual(got, []string{"bx-2", "by-1"}) {
+		t.Errorf("leaders after the move = %v", got)
+	}
+	bx2 := peerByName(t, pl, "bx-2")
+	if !containedIn(pfx("10.2.1.0/24"), bx2.AllowedIPs) {
+		t.Errorf("bx-2 must carry its location's nodes (bx-1's pods): %v", bx2.AllowedIPs)
+	}
+	// A remote cluster with full granularity: every node is its own leader.
+	for i := range rc.Nodes {
+		rc.Nodes[i].Granularity = GranularityFull
+		rc.Nodes[i].WireGuardIP = pfx(fmt.Sprintf("100.66.1.%d/24", 20+i))
+	}
+	pl = Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if got := len(pl.Remotes[0].Leaders); got != 3 {
+		t.Errorf("full granularity leaders = %v", pl.Remotes[0].Leaders)
 	}
 }
