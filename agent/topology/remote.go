@@ -119,15 +119,21 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 
 	// Rebuild the remote cluster's segments with Kilo's rules, from what
-	// its nodes publish (their granularity annotation, location, endpoint):
-	// the leader of each segment is the node its own agents elect. Only a
-	// leader that has published its WireGuard IP is peered with; a node
-	// that still shows a WireGuard IP without leading (an agent starting up,
-	// a leader that just lost the role) is ignored, not reported.
+	// its nodes publish (their granularity annotation, location, endpoint),
+	// and take as each segment's leader the node its agents elect — when it
+	// has published its WireGuard IP; otherwise the first node of the
+	// segment that did (the remote agents may label locations differently
+	// than this cluster's --topology-label says). Other WireGuard IPs in a
+	// segment are stale claims (an agent starting up, a leader that just
+	// lost the role): ignored, not reported. Nodes of a segment without any
+	// leader follow a leader of their location, if there is one.
 	bySeg := map[string][]*Node{}
 	var keys []string
 	for _, n := range nodes {
-		if !ready(n, now) {
+		// Kilo's readiness without the endpoint: other clusters reach a
+		// node through the endpoint chain (clustermesh-endpoint,
+		// force-endpoint, ExternalIP), and a NATed one through none.
+		if n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 || n.LastSeen.IsZero() || now.Sub(n.LastSeen) >= readyWindow {
 			continue
 		}
 		k := remoteSegmentKey(n, p.set)
@@ -138,12 +144,24 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 	}
 	sort.Strings(keys)
 	var groups []*remoteGroup
+	byLocation := map[string]*remoteGroup{}
+	var orphans []*Node
 	wgIPs := map[netip.Addr]string{}
 	for _, k := range keys {
 		seg := bySeg[k]
 		l := seg[findLeader(seg)]
 		if !l.WireGuardIP.IsValid() {
-			continue // the leader has not published its WireGuard IP yet
+			l = nil
+			for _, n := range seg {
+				if n.WireGuardIP.IsValid() {
+					l = n
+					break
+				}
+			}
+		}
+		if l == nil {
+			orphans = append(orphans, seg...)
+			continue
 		}
 		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
 		ip := l.WireGuardIP.Addr()
@@ -156,7 +174,16 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 			continue
 		}
 		wgIPs[ip] = l.Name
-		groups = append(groups, &remoteGroup{leader: l, nodes: seg})
+		g := &remoteGroup{leader: l, nodes: seg}
+		groups = append(groups, g)
+		if loc := l.location(p.set); byLocation[loc] == nil || !byLocation[loc].leader.InternalIP.IsValid() && l.InternalIP.IsValid() {
+			byLocation[loc] = g
+		}
+	}
+	for _, n := range orphans {
+		if g := byLocation[n.location(p.set)]; g != nil {
+			g.nodes = append(g.nodes, n)
+		}
 	}
 
 	var names []string
