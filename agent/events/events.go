@@ -43,27 +43,47 @@ type Sink struct {
 	Now     func() time.Time
 
 	mu     sync.Mutex
-	active map[topology.Rejection]bool
+	active map[topology.Rejection]seen
 }
+
+type seen struct {
+	first    time.Time
+	reported bool
+}
+
+// settleReasons are rejections that a healthy mesh shows for a moment: while
+// agents start, two of them may briefly both claim the first WireGuard IP
+// (Kilo allocates it by segment order, each agent alone). They are reported
+// only if they outlast settleTime, so a normal start writes no Event.
+var settleReasons = map[topology.Reason]bool{topology.ReasonDuplicateWireGuardIP: true}
+
+const settleTime = 30 * time.Second
 
 // Report records the current set of rejections: new ones are reported,
 // vanished ones forgotten (so they are reported again if they come back).
 func (s *Sink) Report(ctx context.Context, rs []topology.Rejection) {
-	s.mu.Lock()
-	if s.active == nil {
-		s.active = map[topology.Rejection]bool{}
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
 	}
-	current := make(map[topology.Rejection]bool, len(rs))
-	var fresh []topology.Rejection
+	t := now()
+	s.mu.Lock()
+	current := make(map[topology.Rejection]seen, len(rs))
+	var due []topology.Rejection
 	for _, r := range rs {
-		current[r] = true
-		if !s.active[r] {
-			fresh = append(fresh, r)
+		st, ok := s.active[r]
+		if !ok {
+			st = seen{first: t}
 		}
+		if !st.reported && (!settleReasons[r.Reason] || t.Sub(st.first) >= settleTime) {
+			st.reported = true
+			due = append(due, r)
+		}
+		current[r] = st
 	}
 	s.active = current
 	s.mu.Unlock()
-	for _, r := range fresh {
+	for _, r := range due {
 		s.report(ctx, r)
 	}
 }

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -72,5 +73,31 @@ func TestEventNameIsStableAndValid(t *testing.T) {
 	r2.Message = "y"
 	if EventName(r) == EventName(r2) {
 		t.Fatal("different rejections share a name")
+	}
+}
+
+func TestTransientDuplicatesSettleFirst(t *testing.T) {
+	ctx := context.Background()
+	clock := time.Unix(1_800_000_000, 0)
+	m := metrics.NewAgent(prometheus.NewRegistry())
+	s := &Sink{Node: "a", Metrics: m, Now: func() time.Time { return clock }}
+	dup := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "b", Name: "b-2"}, Reason: topology.ReasonDuplicateWireGuardIP, Message: "x"}
+	count := func() float64 {
+		return testutil.ToFloat64(m.Rejections.WithLabelValues(string(topology.ReasonDuplicateWireGuardIP)))
+	}
+	s.Report(ctx, []topology.Rejection{dup})
+	clock = clock.Add(10 * time.Second)
+	s.Report(ctx, []topology.Rejection{dup})
+	if count() != 0 {
+		t.Fatal("a start-up race was reported before it had a chance to settle")
+	}
+	s.Report(ctx, nil) // it settled
+	clock = clock.Add(time.Minute)
+	s.Report(ctx, []topology.Rejection{dup})
+	clock = clock.Add(31 * time.Second)
+	s.Report(ctx, []topology.Rejection{dup})
+	s.Report(ctx, []topology.Rejection{dup})
+	if count() != 1 {
+		t.Fatalf("a lasting duplicate counted %v times, want 1", count())
 	}
 }
