@@ -28,6 +28,7 @@ build:
 
 # Unit + integration tests (fuzz seed corpora run as plain tests).
 test: build
+	hack/install-deps.sh test
 	MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
 
 # Unit tests only: no root, no API server.
@@ -45,6 +46,7 @@ bench:
 # Needs root and: iproute2 nftables conntrack iputils-ping.
 # pipefail: a failing test must fail make, not be hidden behind tee's status.
 e2e: build
+	hack/install-deps.sh
 	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt'
 	@grep -h 'RESULT' e2e-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
@@ -55,6 +57,7 @@ e2e-kernel: build
 # prints and exits. Built, not `go run`, so the demo's own exit status and
 # signal handling reach make.
 demo: build
+	hack/install-deps.sh
 	$(GO) build -o bin/demo ./e2e/cmd/demo
 	MESHLET_K8S_BIN=$(K8S_BIN) bin/demo --meshlet $(CURDIR)/$(BIN) $(DEMO_ARGS)
 
