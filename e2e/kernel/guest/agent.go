@@ -626,31 +626,10 @@ func runAgentMode() int {
 	converge := func(fn func() error) func() error {
 		return func() error { return poll(ctx, pollTimeout, fn) }
 	}
-	ok := r.step("kernel-wireguard-leader", converge(func() error { return checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]) }))
-	ok = r.step("kernel-wireguard-remote", converge(func() error { return checkKernelDevice(ctx, remoteNode, ps[remoteNode.Name]) })) && ok
-	ok = r.step("worker-kilo0-down-no-peers", converge(func() error { return checkWorkerIdle(ctx) })) && ok
-	ok = r.step("worker-route-via-cilium_tunl", converge(func() error { return checkWorkerRoute(ctx) })) && ok
-	if !ok {
+	if !datapathSteps(ctx, r, ks, ps, converge) {
 		d.dumpLogs(20)
 	}
-
 	remotePod := remoteNode.Pod.String()
-	if !r.step("pod-ping-worker-to-remote", func() error {
-		err := pingUntil(ctx, podNS(workerNode), remotePod)
-		if err != nil {
-			err = fmt.Errorf("%w%s", err, leaderDropCause(ctx))
-		}
-		return err
-	}) {
-		diagnose(ctx)
-	}
-	r.step("traffic-via-leader", func() error { return checkTrafficViaLeader(ctx, remotePod) })
-	r.step("remote-handshake-with-leader", func() error {
-		_, err := handshakes(ctx, ks, true)
-		return err
-	})
-	r.step("leader-return-rule-table-1107", converge(func() error { return checkReturnPath(ctx) }))
-	r.step("private-ip-ping-returns-via-tunnel", func() error { return checkPrivateIPPing(ctx, remotePod) })
 
 	r.step("agent-metrics-steady", func() error { return checkSteady(ctx) })
 

@@ -81,6 +81,36 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 func info(format string, args ...any) { fmt.Printf("INFO "+format+"\n", args...) }
 
 // runPlanMode is `guest run` in plan mode.
+// datapathSteps are the kernel datapath checks both modes share, in order.
+// converge wraps the checks of state that an agent builds up as the others
+// publish their annotations (agent mode polls them; plan mode applied
+// everything already). It reports whether the device and route checks held.
+func datapathSteps(ctx context.Context, r *reporter, ks keys, ps map[string]topology.Plan, converge func(func() error) func() error) bool {
+	ok := r.step("kernel-wireguard-leader", converge(func() error { return checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]) }))
+	ok = r.step("kernel-wireguard-remote", converge(func() error { return checkKernelDevice(ctx, remoteNode, ps[remoteNode.Name]) })) && ok
+	ok = r.step("worker-kilo0-down-no-peers", converge(func() error { return checkWorkerIdle(ctx) })) && ok
+	ok = r.step("worker-route-via-cilium_tunl", converge(func() error { return checkWorkerRoute(ctx) })) && ok
+
+	remotePod := remoteNode.Pod.String()
+	if !r.step("pod-ping-worker-to-remote", func() error {
+		err := pingUntil(ctx, podNS(workerNode), remotePod)
+		if err != nil {
+			err = fmt.Errorf("%w%s", err, leaderDropCause(ctx))
+		}
+		return err
+	}) {
+		diagnose(ctx)
+	}
+	r.step("traffic-via-leader", func() error { return checkTrafficViaLeader(ctx, remotePod) })
+	r.step("remote-handshake-with-leader", func() error {
+		_, err := handshakes(ctx, ks, true)
+		return err
+	})
+	r.step("leader-return-rule-table-1107", converge(func() error { return checkReturnPath(ctx) }))
+	r.step("private-ip-ping-returns-via-tunnel", func() error { return checkPrivateIPPing(ctx, remotePod) })
+	return ok
+}
+
 func runPlanMode() int {
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
 	defer cancel()
@@ -129,28 +159,9 @@ func runPlanMode() int {
 		return 1
 	}
 
-	r.step("kernel-wireguard-leader", func() error { return checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]) })
-	r.step("kernel-wireguard-remote", func() error { return checkKernelDevice(ctx, remoteNode, ps[remoteNode.Name]) })
-	r.step("worker-kilo0-down-no-peers", func() error { return checkWorkerIdle(ctx) })
-	r.step("worker-route-via-cilium_tunl", func() error { return checkWorkerRoute(ctx) })
-
+	// Applied once, the state is there: no need to wait for convergence.
+	datapathSteps(ctx, r, ks, ps, func(fn func() error) func() error { return fn })
 	remotePod := remoteNode.Pod.String()
-	if !r.step("pod-ping-worker-to-remote", func() error {
-		err := pingUntil(ctx, podNS(workerNode), remotePod)
-		if err != nil {
-			err = fmt.Errorf("%w%s", err, leaderDropCause(ctx))
-		}
-		return err
-	}) {
-		diagnose(ctx)
-	}
-	r.step("traffic-via-leader", func() error { return checkTrafficViaLeader(ctx, remotePod) })
-	r.step("remote-handshake-with-leader", func() error {
-		_, err := handshakes(ctx, ks, true)
-		return err
-	})
-	r.step("leader-return-rule-table-1107", func() error { return checkReturnPath(ctx) })
-	r.step("private-ip-ping-returns-via-tunnel", func() error { return checkPrivateIPPing(ctx, remotePod) })
 
 	var hs1 [2]time.Time
 	r.step("reapply-no-change", func() error {
