@@ -26,6 +26,12 @@ func (h *Host) PrivateAddress(want netip.Prefix, skip ...string) (HostAddress, e
 	if err != nil {
 		return HostAddress{}, err
 	}
+	return h.PrivateAddressIn(addrs, want)
+}
+
+// PrivateAddressIn is PrivateAddress over addresses already read with
+// HostAddresses (a caller that needs them for more than this reads once).
+func (h *Host) PrivateAddressIn(addrs []HostAddress, want netip.Prefix) (HostAddress, error) {
 	if want.IsValid() {
 		for _, a := range addrs {
 			if a.Prefix.Addr() == want.Addr() {

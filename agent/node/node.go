@@ -152,7 +152,13 @@ func (f *Facts) Underlay() string {
 
 // Self implements reconcile.SelfSource.
 func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
-	priv, err := f.Host.PrivateAddress(f.Internal, f.Interface, netlinkx.TunnelCilium, netlinkx.TunnelDefault, "cilium_host", "cilium_net")
+	// One read of the host's addresses serves the private IP and the
+	// endpoint: this runs at every reconcile.
+	addrs, err := f.Host.HostAddresses(f.Interface, netlinkx.TunnelCilium, netlinkx.TunnelDefault, "cilium_host", "cilium_net")
+	if err != nil {
+		return topology.Self{}, err
+	}
+	priv, err := f.Host.PrivateAddressIn(addrs, f.Internal)
 	if err != nil {
 		return topology.Self{}, err
 	}
@@ -167,7 +173,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 		PrivateIP: priv.Prefix, PrivateInterface: priv.Interface, PublicKey: f.PublicKey,
 		CiliumHostIP: f.Host.InterfaceIPv4("cilium_host"), TunnelDevice: tunnel,
 	}
-	self.Endpoint = f.endpoint(priv.Prefix)
+	self.Endpoint = f.endpoint(priv.Prefix, addrs)
 	if f.WireGuard != nil {
 		if st, err := f.WireGuard.Manager.Stats(ctx); err == nil {
 			self.DeviceEndpoints = map[topology.Key]netip.AddrPort{}
@@ -184,7 +190,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 // endpoint is what this node advertises: force-endpoint when set and
 // valid, else the first public address of the host, else the private IP —
 // Kilo's order — with the WireGuard port.
-func (f *Facts) endpoint(priv netip.Prefix) string {
+func (f *Facts) endpoint(priv netip.Prefix, addrs []netlinkx.HostAddress) string {
 	if f.Annotations != nil {
 		if fe := f.Annotations()[topology.AnnotationForceEndpoint]; fe != "" {
 			if e, err := kilo.ParseEndpoint(fe); err == nil {
@@ -193,11 +199,9 @@ func (f *Facts) endpoint(priv netip.Prefix) string {
 		}
 	}
 	port := strconv.Itoa(f.Port)
-	if addrs, err := f.Host.HostAddresses(f.Interface); err == nil {
-		for _, a := range addrs {
-			if ip := a.Prefix.Addr(); ip.Is4() && !ip.IsPrivate() && !isCGNAT(ip) {
-				return net.JoinHostPort(ip.String(), port)
-			}
+	for _, a := range addrs {
+		if ip := a.Prefix.Addr(); ip.Is4() && !ip.IsPrivate() && !isCGNAT(ip) {
+			return net.JoinHostPort(ip.String(), port)
 		}
 	}
 	if priv.IsValid() {
