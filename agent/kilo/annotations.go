@@ -200,10 +200,12 @@ func FormatKey(k topology.Key) string {
 }
 
 // ParseAllowedLocationIPs parses kilo.squat.ai/allowed-location-ips, a
-// comma-separated list of CIDRs. As in Kilo, entries are trimmed, masked to
-// their network (10.1.2.3/16 becomes 10.1.0.0/16) and non-CIDRs are dropped;
-// the valid ones are always returned, and err names the dropped ones so they
-// can be reported.
+// comma-separated list of CIDRs. As in Kilo, an entry that is not a CIDR —
+// also one with spaces around it, which Kilo does not trim — is dropped and
+// empty entries are skipped; entries are masked to their network
+// (10.1.2.3/16 becomes 10.1.0.0/16, where Kilo keeps the host bits the
+// kernel refuses). The valid ones are always returned, and err names the
+// dropped ones so they can be reported.
 func ParseAllowedLocationIPs(s string) ([]netip.Prefix, error) {
 	if s == "" {
 		return nil, nil
@@ -211,8 +213,11 @@ func ParseAllowedLocationIPs(s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	var errs []error
 	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
 		if f == "" {
+			continue
+		}
+		if strings.TrimSpace(f) != f {
+			errs = append(errs, fmt.Errorf("entry %s has spaces around it (Kilo ignores such an entry)", quote(f)))
 			continue
 		}
 		p, err := ParsePrefix(f)

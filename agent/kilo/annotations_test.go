@@ -208,7 +208,9 @@ func TestParseAllowedLocationIPs(t *testing.T) {
 	}{
 		{in: "", want: nil},
 		{in: "10.1.0.0/16", want: prefixes("10.1.0.0/16")},
-		{in: "10.1.0.0/16, 192.168.0.0/24 ,fd00::/8", want: prefixes("10.1.0.0/16", "192.168.0.0/24", "fd00::/8")},
+		{in: "10.1.0.0/16,192.168.0.0/24,fd00::/8", want: prefixes("10.1.0.0/16", "192.168.0.0/24", "fd00::/8")},
+		// Kilo does not trim: an entry with spaces is dropped (and reported).
+		{in: "10.1.0.0/16, 192.168.0.0/24 ,fd00::/8", want: prefixes("10.1.0.0/16", "fd00::/8"), wantErr: true},
 		{in: "10.1.2.3/16", want: prefixes("10.1.0.0/16")},
 		{in: "10.1.0.0/16,,", want: prefixes("10.1.0.0/16")},
 		// Non-CIDRs are dropped but the valid entries stay.

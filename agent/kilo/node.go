@@ -44,7 +44,9 @@ func NodeToTopology(node *corev1.Node, cluster string) (topology.Node, []topolog
 //   - Ready: the NodeReady condition, true when the node has none (Kilo does
 //     not look at it; a node without conditions must not drop out).
 //   - ExternalIPs: status.addresses of type ExternalIP, IPv4 first.
-//   - PodCIDRs: spec.podCIDRs, else spec.podCIDR, masked.
+//   - PodCIDRs: spec.podCIDR (else the first of spec.podCIDRs), masked: Kilo
+//     routes one pod CIDR per node, so a dual-stack node's second family is
+//     not part of the mesh (docs/kilo-compatibility.md).
 //   - Endpoint: force-endpoint if valid, else endpoint (Kilo's fall-back);
 //     ForceEndpoint and ClusterMeshEndpoint are kept separately for the
 //     remote chain, and RemoteEndpointInvalid records a malformed one.
@@ -182,24 +184,23 @@ func externalIPs(node *corev1.Node, reject func(string, topology.Reason, error))
 	return append(v4, v6...)
 }
 
-// podCIDRs returns spec.podCIDRs, else spec.podCIDR, masked as Kilo does.
+// podCIDRs returns the node's pod CIDR as Kilo reads it: spec.podCIDR, which
+// the API server keeps equal to spec.podCIDRs[0]; the first of spec.podCIDRs
+// when only that is set.
 func podCIDRs(node *corev1.Node, reject func(string, topology.Reason, error)) []netip.Prefix {
-	field, raw := "spec.podCIDRs", node.Spec.PodCIDRs
-	if len(raw) == 0 && node.Spec.PodCIDR != "" {
-		field, raw = "spec.podCIDR", []string{node.Spec.PodCIDR}
+	field, s := "spec.podCIDR", node.Spec.PodCIDR
+	if s == "" && len(node.Spec.PodCIDRs) > 0 {
+		field, s = "spec.podCIDRs", node.Spec.PodCIDRs[0]
 	}
-	var out []netip.Prefix
-	for _, s := range raw {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			reject(field, topology.ReasonInvalidCIDR, fmt.Errorf("invalid pod CIDR %s: %w", quote(s), err))
-			continue
-		}
-		if p = p.Masked(); !slices.Contains(out, p) {
-			out = append(out, p)
-		}
+	if s == "" {
+		return nil
 	}
-	return out
+	p, err := netip.ParsePrefix(strings.TrimSpace(s))
+	if err != nil {
+		reject(field, topology.ReasonInvalidCIDR, fmt.Errorf("invalid pod CIDR %s: %w", quote(s), err))
+		return nil
+	}
+	return []netip.Prefix{p.Masked()}
 }
 
 // nodeReady reports the NodeReady condition; true when absent.

@@ -216,16 +216,43 @@ func TestConvertNode(t *testing.T) {
 			rejected: []string{"status.addresses=InvalidEndpoint"},
 		},
 		{
-			name: "dual-stack podCIDRs, bad entry dropped",
+			// Kilo routes spec.podCIDR only: the second family of a
+			// dual-stack node is not part of the mesh.
+			name: "dual-stack: spec.podCIDR only, as Kilo",
 			node: testNode("n", nil, func(n *corev1.Node) {
-				n.Spec.PodCIDRs = []string{"10.244.1.0/24", "fd00:10:244:1::/64", "bad"}
+				n.Spec.PodCIDR = "10.244.1.0/24"
+				n.Spec.PodCIDRs = []string{"10.244.1.0/24", "fd00:10:244:1::/64"}
 			}),
 			check: func(t *testing.T, n topology.Node) {
-				if !reflect.DeepEqual(n.PodCIDRs, prefixes("10.244.1.0/24", "fd00:10:244:1::/64")) {
+				if !reflect.DeepEqual(n.PodCIDRs, prefixes("10.244.1.0/24")) {
 					t.Fatalf("pods %v", n.PodCIDRs)
 				}
 			},
-			rejected: []string{"spec.podCIDRs=InvalidCIDR"},
+		},
+		{
+			name: "only spec.podCIDRs set: its first entry",
+			node: testNode("n", nil, func(n *corev1.Node) {
+				n.Spec.PodCIDR = ""
+				n.Spec.PodCIDRs = []string{"fd00:10:244:1::/64", "10.244.1.0/24"}
+			}),
+			check: func(t *testing.T, n topology.Node) {
+				if !reflect.DeepEqual(n.PodCIDRs, prefixes("fd00:10:244:1::/64")) {
+					t.Fatalf("pods %v", n.PodCIDRs)
+				}
+			},
+		},
+		{
+			name: "bad spec.podCIDR",
+			node: testNode("n", nil, func(n *corev1.Node) {
+				n.Spec.PodCIDR = "bad"
+				n.Spec.PodCIDRs = []string{"bad"}
+			}),
+			check: func(t *testing.T, n topology.Node) {
+				if len(n.PodCIDRs) != 0 {
+					t.Fatalf("pods %v", n.PodCIDRs)
+				}
+			},
+			rejected: []string{"spec.podCIDR=InvalidCIDR"},
 		},
 		{
 			name: "no conditions means ready; location annotation absent",

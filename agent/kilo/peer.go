@@ -63,8 +63,9 @@ func convertPeerSpec(name string, s *PeerSpec, ref topology.ObjectRef) (topology
 	}
 	out := topology.Peer{Name: name}
 
-	if s.AllowedIPs == nil {
-		reject("spec.allowedIPs", topology.ReasonInvalidPeer, "spec.allowedIPs is required")
+	if len(s.AllowedIPs) == 0 {
+		// Kilo treats such a Peer as not ready and leaves it out.
+		reject("spec.allowedIPs", topology.ReasonInvalidPeer, "spec.allowedIPs is empty: the Peer is not configured")
 	}
 	for i, a := range s.AllowedIPs {
 		p, err := netip.ParsePrefix(a)
@@ -75,7 +76,8 @@ func convertPeerSpec(name string, s *PeerSpec, ref topology.ObjectRef) (topology
 			reject(fmt.Sprintf("spec.allowedIPs[%d]", i), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(a), err)
 			continue
 		}
-		// Kilo masks allowed IPs (net.ParseCIDR's network).
+		// Masked: Kilo passes host bits on (10.5.0.1/24), which the kernel
+		// refuses as a route (docs/kilo-compatibility.md).
 		if p = p.Masked(); !slices.Contains(out.AllowedIPs, p) {
 			out.AllowedIPs = append(out.AllowedIPs, p)
 		}

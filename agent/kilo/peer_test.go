@@ -128,8 +128,10 @@ func TestPeerToTopology(t *testing.T) {
 			rejected: []string{topology.AnnotationNodePersistentKeepalive + "=InvalidAnnotation"},
 		},
 		{name: "missing allowedIPs", spec: func(s *PeerSpec) { s.AllowedIPs = nil }, rejected: []string{"spec.allowedIPs=InvalidPeer"}},
-		{name: "empty allowedIPs is valid (Kilo)", spec: func(s *PeerSpec) { s.AllowedIPs = []string{} },
-			want: &topology.Peer{Name: "p", PublicKey: testKey(1)}},
+		// Kilo leaves a Peer without allowed IPs out (not ready); meshlet
+		// also says why.
+		{name: "empty allowedIPs: not configured, as Kilo", spec: func(s *PeerSpec) { s.AllowedIPs = []string{} },
+			rejected: []string{"spec.allowedIPs=InvalidPeer"}},
 		{name: "bad CIDR", spec: func(s *PeerSpec) { s.AllowedIPs = []string{"10.5.0.1/32", "10.5.0.2"} }, rejected: []string{"spec.allowedIPs[1]=InvalidCIDR"}},
 		{name: "missing key", spec: func(s *PeerSpec) { s.PublicKey = "" }, rejected: []string{"spec.publicKey=NoPublicKey"}},
 		{name: "short key", spec: func(s *PeerSpec) { s.PublicKey = "dG9vIHNob3J0" }, rejected: []string{"spec.publicKey=InvalidKey"}},

@@ -303,9 +303,13 @@ func isPublic(a netip.Addr) bool {
 	return b[0] != 0xfd || b[1] != 0x00
 }
 
-// filterAllowedLocationIPs drops allowed-location-ips that overlap another
-// location's, any segment's allowed IPs, a private IP, or a Peer's allowed
-// IPs (Kilo's rule), and reports each.
+// filterAllowedLocationIPs applies Kilo's rule to allowed-location-ips: an
+// entry is dropped when it overlaps another segment's entry, when a pod
+// CIDR, private IP or WireGuard IP of any segment contains its address, or
+// when it overlaps a Peer's allowed IPs. An entry that contains pod CIDRs or
+// private IPs is fine (the more specific routes still win): a location's own
+// LAN, the usual case. meshlet reports each drop, and also drops entries
+// that overlap a remote cluster's networks (docs/kilo-compatibility.md).
 func (p *planner) filterAllowedLocationIPs() {
 	raw := make([][]netip.Prefix, len(p.segments))
 	for i, s := range p.segments {
@@ -321,49 +325,57 @@ func (p *planner) filterAllowedLocationIPs() {
 		sortPrefixes(raw[i])
 	}
 	for i, s := range p.segments {
-	next:
 		for _, ip := range raw[i] {
-			for j, o := range p.segments {
-				if j != i {
-					for _, q := range raw[j] {
-						if ip.Overlaps(q) {
-							p.rejectALIP(s, ip, "overlaps allowed-location-ips of segment "+o.key)
-							continue next
-						}
-					}
-				}
-				for _, n := range o.nodes {
-					for _, c := range n.PodCIDRs {
-						if ip.Overlaps(c) {
-							p.rejectALIP(s, ip, "overlaps pod CIDR of node "+n.Name)
-							continue next
-						}
-					}
-					if n.InternalIP.IsValid() && ip.Contains(n.InternalIP.Addr()) {
-						p.rejectALIP(s, ip, "contains the private IP of node "+n.Name)
-						continue next
-					}
-				}
-			}
-			for _, peer := range p.snap.Peers {
-				for _, a := range peer.AllowedIPs {
-					if ip.Overlaps(a) {
-						p.rejectALIP(s, ip, "overlaps allowed IPs of peer "+peer.Name)
-						continue next
-					}
-				}
-			}
-			// A network another cluster of a mesh owns: accepting it as local
-			// would make every local prefix check reject that whole remote
-			// cluster (one node annotation cutting the mesh), so the
-			// annotation loses, not the mesh.
-			if c, n, ok := p.remoteNetworkOverlapping(ip); ok {
-				p.rejectALIP(s, ip, "overlaps "+n.String()+" of remote cluster "+c)
-				continue next
+			if why := p.allowedLocationIPConflict(i, ip, raw); why != "" {
+				p.rejectALIP(s, ip, why)
+				continue
 			}
 			s.allowedLocationIPs = append(s.allowedLocationIPs, ip)
 		}
 	}
+}
+
+// allowedLocationIPConflict says why allowed-location-ip ip of segment i
+// cannot be routed to that segment, or "" when it can.
+func (p *planner) allowedLocationIPConflict(i int, ip netip.Prefix, raw [][]netip.Prefix) string {
+	a := ip.Addr()
+	for j, o := range p.segments {
+		if j != i {
+			for _, q := range raw[j] {
+				if ip.Overlaps(q) {
+					return "overlaps allowed-location-ips of segment " + o.key
+				}
+			}
+		}
+		for _, n := range o.nodes {
+			for _, c := range n.PodCIDRs {
+				if c.Contains(a) {
+					return "is inside the pod CIDR " + c.String() + " of node " + n.Name
+				}
+			}
+			if n.InternalIP.IsValid() && n.InternalIP.Addr() == a {
+				return "is the private IP of node " + n.Name
+			}
+		}
+		if o.wgIP.IsValid() && o.wgIP == a {
+			return "is the WireGuard IP of segment " + o.key
+		}
+	}
+	for _, peer := range p.snap.Peers {
+		for _, pa := range peer.AllowedIPs {
+			if ip.Overlaps(pa) {
+				return "overlaps allowed IPs of peer " + peer.Name
+			}
+		}
+	}
+	// A network another cluster of a mesh owns: accepting it as local would
+	// make every local prefix check reject that whole remote cluster (one
+	// node annotation cutting the mesh), so the annotation loses, not the
+	// mesh.
+	if c, n, ok := p.remoteNetworkOverlapping(ip); ok {
+		return "overlaps " + n.String() + " of remote cluster " + c
+	}
+	return ""
 }
 
 // remoteNetworkOverlapping finds a remote cluster's allowedNetworks entry
@@ -434,10 +446,17 @@ func usableDiscovered(ap netip.AddrPort) bool {
 func (p *planner) collectPeers() {
 	peers := append([]Peer(nil), p.snap.Peers...)
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
+	// WireGuard gives each allowed IP to one peer only; a Peer claiming one
+	// a segment already carries (a node's pod CIDR, say) would take it over
+	// or lose it depending on the order of updates, and Kilo would ask for
+	// two routes to it. The node keeps it.
 	claimed := map[netip.Prefix]string{}
 	keys := map[Key]string{}
 	for _, s := range p.segments {
 		keys[s.leaderNode().PublicKey] = "node " + s.leaderNode().Name
+		for _, a := range s.allowedIPs() {
+			claimed[a.Masked()] = "segment " + s.key
+		}
 	}
 	for _, peer := range peers {
 		ref := ObjectRef{Kind: "Peer", Name: peer.Name}
@@ -454,10 +473,10 @@ func (p *planner) collectPeers() {
 		for _, a := range peer.AllowedIPs {
 			a = a.Masked()
 			if other, ok := claimed[a]; ok {
-				p.reject(ref, "spec.allowedIPs", ReasonDuplicateAllowedIP, a.String()+" already claimed by peer "+other)
+				p.reject(ref, "spec.allowedIPs", ReasonDuplicateAllowedIP, a.String()+" already claimed by "+other)
 				continue
 			}
-			claimed[a] = peer.Name
+			claimed[a] = "peer " + peer.Name
 			ips = append(ips, a)
 		}
 		peer.AllowedIPs = ips
@@ -488,16 +507,23 @@ func (p *planner) collectLocalPrefixes() {
 	p.localPrefix = newPrefixSet(own)
 }
 
-// roams tells whether a peer's learned endpoint must be kept: Kilo's rule
-// (the peer itself is NATed: its keepalive > 0) extended by meshlet's (this
-// side keeps it alive, or there is no endpoint to configure).
+// roams tells whether the actuator must keep a peer's learned endpoint
+// instead of writing the planned one: the peer is NATed (its keepalive > 0),
+// this side keeps the session alive, or there is no endpoint to configure.
+// It is wider than Kilo's rule on purpose (docs/kilo-compatibility.md): it
+// changes what is written to the device, never the planned endpoint.
 func roams(ourKeepalive, theirKeepalive int, endpoint string) bool {
 	return ourKeepalive > 0 || theirKeepalive > 0 || endpoint == ""
 }
 
-// endpointFor returns the configured or discovered endpoint of a peer.
-func (p *planner) endpointFor(k Key, configured, source string, roaming bool) (string, string) {
-	if roaming {
+// endpointFor returns the endpoint to plan for a peer: the one discovered by
+// a handshake when useDiscovered and one is known, else the configured one.
+// In-cluster segments and Peers use Kilo's rule (updateEndpoint): discovered
+// only when the target itself keeps a keepalive, because an address learned
+// by one node through a NAT is wrong for another; remote clusters use
+// roams (docs/kilo-compatibility.md).
+func (p *planner) endpointFor(k Key, configured, source string, useDiscovered bool) (string, string) {
+	if useDiscovered {
 		if d, ok := p.discovered[k]; ok {
 			return d.String(), "discovered"
 		}
@@ -540,7 +566,7 @@ func (p *planner) segmentPeers() {
 		}
 		l := s.leaderNode()
 		roaming := roams(ka, l.PersistentKeepalive, l.Endpoint)
-		ep, src := p.endpointFor(l.PublicKey, l.Endpoint, "annotation", roaming)
+		ep, src := p.endpointFor(l.PublicKey, l.Endpoint, "annotation", l.PersistentKeepalive > 0)
 		wp := WireGuardPeer{
 			Name: l.Name, Kind: KindSegment, Location: s.location, PublicKey: l.PublicKey,
 			Endpoint: ep, EndpointSource: src, AllowedIPs: s.allowedIPs(),
@@ -584,7 +610,7 @@ func (p *planner) objectPeers() {
 	for _, peer := range p.peers {
 		ka, src := p.peerKeepalive(peer)
 		roaming := roams(ka, peer.PersistentKeepalive, peer.Endpoint)
-		ep, esrc := p.endpointFor(peer.PublicKey, peer.Endpoint, "spec", roaming)
+		ep, esrc := p.endpointFor(peer.PublicKey, peer.Endpoint, "spec", peer.PersistentKeepalive > 0)
 		p.addPeer(ObjectRef{Kind: "Peer", Name: peer.Name}, WireGuardPeer{
 			Name: peer.Name, Kind: KindPeer, PublicKey: peer.PublicKey, Endpoint: ep, EndpointSource: esrc,
 			AllowedIPs: append([]netip.Prefix(nil), peer.AllowedIPs...), PersistentKeepalive: ka,
@@ -632,9 +658,9 @@ func (p *planner) finish() {
 		}
 		return a.Name < b.Name
 	})
-	pl.Routes = dedupRoutes(pl.Routes)
+	pl.Routes = oneFamily(dedupRoutes(pl.Routes), p.set.Interface)
 	sort.SliceStable(pl.Routes, func(i, j int) bool { return routeLess(pl.Routes[i], pl.Routes[j]) })
-	pl.Rules = dedupRules(pl.Rules)
+	pl.Rules = oneFamilyRules(dedupRules(pl.Rules))
 	sort.SliceStable(pl.Rules, func(i, j int) bool { return ruleLess(pl.Rules[i], pl.Rules[j]) })
 	sort.SliceStable(pl.Rejections, func(i, j int) bool {
 		a, b := pl.Rejections[i], pl.Rejections[j]

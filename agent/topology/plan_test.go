@@ -274,18 +274,26 @@ func TestPeerValidationAsSet(t *testing.T) {
 		{Name: "a", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(101)},
 		{Name: "c-dup-key", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(101)},
 		{Name: "d-own-key", AllowedIPs: pfxs("10.5.0.8/32"), PublicKey: self.PublicKey},
+		// A node's pod CIDR stays the node's.
+		{Name: "e-node-cidr", AllowedIPs: pfxs("10.244.5.0/24", "10.5.0.7/32"), PublicKey: key(102)},
 	}
 	pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
-	if got := peerNames(pl); !reflect.DeepEqual(got, []string{"segment:b-2", "segment:c-1", "peer:a", "peer:b"}) {
+	if got := peerNames(pl); !reflect.DeepEqual(got, []string{"segment:b-2", "segment:c-1", "peer:a", "peer:b", "peer:e-node-cidr"}) {
 		t.Fatalf("peers = %v", got)
 	}
 	if b := peerByName(t, pl, "b"); !reflect.DeepEqual(b.AllowedIPs, pfxs("10.5.0.2/32")) {
 		t.Errorf("peer b keeps only the IP peer a did not claim first: %v", b.AllowedIPs)
 	}
+	if e := peerByName(t, pl, "e-node-cidr"); !reflect.DeepEqual(e.AllowedIPs, pfxs("10.5.0.7/32")) {
+		t.Errorf("peer e-node-cidr kept node c-1's pod CIDR: %v", e.AllowedIPs)
+	}
+	if r, _ := routeTo(pl, "10.244.5.0/24", 0); r.Gw != addr("10.4.0.3") {
+		t.Errorf("route to c-1's pods = %+v, want via c's WireGuard IP", r)
+	}
 	for _, want := range []struct {
 		obj    string
 		reason Reason
-	}{{"Peer/b", ReasonDuplicateAllowedIP}, {"Peer/c-dup-key", ReasonDuplicateKey}, {"Peer/d-own-key", ReasonOwnKey}} {
+	}{{"Peer/b", ReasonDuplicateAllowedIP}, {"Peer/c-dup-key", ReasonDuplicateKey}, {"Peer/d-own-key", ReasonOwnKey}, {"Peer/e-node-cidr", ReasonDuplicateAllowedIP}} {
 		if !hasRejection(pl, want.obj, want.reason) {
 			t.Errorf("missing rejection %s %s in %+v", want.obj, want.reason, pl.Rejections)
 		}
@@ -430,7 +438,7 @@ func fmtRoutes(rs []Route) string {
 func TestIPIPLocalTrueRoutes(t *testing.T) {
 	// IPIP mode, --local=true, --encapsulate=always: routes inside the
 	// location go through the tunnel to each node's private IP, with the
-	// table-1107 return path.
+	// table-1107 return path from the private IP (Kilo sets src there).
 	nodes := threeLocations()
 	for _, tc := range []struct {
 		name     string
@@ -439,10 +447,10 @@ func TestIPIPLocalTrueRoutes(t *testing.T) {
 		rules    []Rule
 	}{
 		{"non-leader a-1", 0,
-			[]Route{{Dst: pfx("10.0.1.2/32"), Gw: addr("10.0.1.2"), Dev: "tunl0", OnLink: true, Table: KiloTable}},
+			[]Route{{Dst: pfx("10.0.1.2/32"), Gw: addr("10.0.1.2"), Dev: "tunl0", OnLink: true, Table: KiloTable, Src: addr("10.0.1.1")}},
 			[]Rule{{Src: pfx("10.244.1.0/24"), Dst: pfx("10.0.1.2/32"), Table: KiloTable}}},
 		{"leader a-2", 1,
-			[]Route{{Dst: pfx("10.0.1.1/32"), Gw: addr("10.0.1.1"), Dev: "tunl0", OnLink: true, Table: KiloTable}},
+			[]Route{{Dst: pfx("10.0.1.1/32"), Gw: addr("10.0.1.1"), Dev: "tunl0", OnLink: true, Table: KiloTable, Src: addr("10.0.1.2")}},
 			[]Rule{{Iif: "kilo0", Dst: pfx("10.0.1.1/32"), Table: KiloTable}, {Src: pfx("10.244.2.0/24"), Dst: pfx("10.0.1.1/32"), Table: KiloTable}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -486,15 +494,101 @@ func TestNonLeaderIPIPCrossSubnet(t *testing.T) {
 	}
 }
 
-func TestAllowedLocationIPOverlapsRejected(t *testing.T) {
-	nodes := threeLocations()
-	nodes[3].AllowedLocationIPs = pfxs("192.168.50.128/25", "10.244.1.0/25") // overlaps c's, and a-1's pods
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
-	if b := peerByName(t, pl, "b-2"); containedIn(pfx("192.168.50.128/25"), b.AllowedIPs) || containedIn(pfx("10.244.1.0/25"), b.AllowedIPs) {
-		t.Errorf("overlapping allowed-location-ips kept: %v", b.AllowedIPs)
+// TestAllowedLocationIPsKiloRule: Kilo drops an entry whose address lies in
+// another entry, a pod CIDR, a private or WireGuard IP, or a Peer's allowed
+// IPs; an entry containing pod CIDRs or private IPs is fine (a location's own
+// LAN, as in Cozystack's guide).
+func TestAllowedLocationIPsKiloRule(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		alip string
+		kept bool
+	}{
+		{"the location's own LAN, containing its private IPs", "10.0.2.0/24", true},
+		{"a supernet of pod CIDRs", "10.244.0.0/16", true},
+		{"inside another location's allowed-location-ips", "192.168.50.128/25", false},
+		{"inside a pod CIDR", "10.244.5.0/25", false},
+		{"equal to a pod CIDR", "10.244.1.0/24", false},
+		{"a private IP", "10.0.1.1/32", false},
+		{"a WireGuard IP", "10.4.0.3/32", false},
+		{"a Peer's allowed IPs", "10.5.0.0/16", false},
+		{"unrelated", "172.30.0.0/16", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := threeLocations()
+			nodes[3].AllowedLocationIPs = pfxs(tc.alip)
+			peers := []Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
+			pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
+			b := peerByName(t, pl, "b-2")
+			_, routed := routeTo(pl, tc.alip, 0)
+			if kept := containedIn(pfx(tc.alip), b.AllowedIPs); kept != tc.kept || routed != tc.kept {
+				t.Errorf("%s: in b-2's allowed IPs %v, routed %v; want %v", tc.alip, kept, routed, tc.kept)
+			}
+			if rejected := hasRejection(pl, "Node/b-2", ReasonNetworksOverlap); rejected == tc.kept {
+				t.Errorf("rejected = %v, want %v: %+v", rejected, !tc.kept, pl.Rejections)
+			}
+		})
 	}
-	if !hasRejection(pl, "Node/b-2", ReasonNetworksOverlap) {
-		t.Errorf("no rejection: %+v", pl.Rejections)
+}
+
+// TestDiscoveredEndpointOnlyForKeepaliveTargets is Kilo's updateEndpoint: a
+// segment or Peer gets an endpoint learned by a handshake only when it keeps
+// a keepalive itself; this node's own keepalive makes it roam (the device's
+// learned endpoint is kept) but does not change the planned endpoint.
+func TestDiscoveredEndpointOnlyForKeepaliveTargets(t *testing.T) {
+	nat := netip.MustParseAddrPort("100.64.0.9:40000")
+	for _, tc := range []struct {
+		name         string
+		ours, theirs int
+		wantEndpoint string
+		wantRoaming  bool
+	}{
+		{"neither keeps alive", 0, 0, "203.0.113.5:51820", false},
+		{"only this node", 25, 0, "203.0.113.5:51820", true},
+		{"the target", 0, 25, nat.String(), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := threeLocations()
+			nodes[1].PersistentKeepalive = tc.ours
+			nodes[4].PersistentKeepalive = tc.theirs
+			nodes[0].DiscoveredEndpoints = map[Key]netip.AddrPort{key(5): nat}
+			pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+			c := peerByName(t, pl, "c-1")
+			if c.Endpoint != tc.wantEndpoint || c.Roaming != tc.wantRoaming {
+				t.Errorf("c-1 endpoint %q roaming %v, want %q %v", c.Endpoint, c.Roaming, tc.wantEndpoint, tc.wantRoaming)
+			}
+		})
+	}
+}
+
+// TestOneAddressFamilyPerRoute: an IPv6 Peer in an IPv4 mesh gets routes the
+// kernel accepts: through kilo0 without the IPv4 source on the leader, none
+// via an IPv4 next hop on a non-leader; no rule mixes families.
+func TestOneAddressFamilyPerRoute(t *testing.T) {
+	nodes := threeLocations()
+	peers := []Peer{{Name: "phone", AllowedIPs: pfxs("10.5.0.2/32", "fd00:5::2/128"), PublicKey: key(90)}}
+	for _, self := range []int{1, 0} {
+		pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers, Settings: Settings{Local: true}}, selfOf(nodes[self], "eth0"))
+		for _, r := range pl.Routes {
+			if r.Src.IsValid() && r.Src.Is4() != r.Dst.Addr().Is4() || r.Gw.IsValid() && r.Gw.Is4() != r.Dst.Addr().Is4() {
+				t.Errorf("%s: route mixes families: %+v", nodes[self].Name, r)
+			}
+		}
+		for _, r := range pl.Rules {
+			if r.Src.IsValid() && r.Dst.IsValid() && r.Src.Addr().Is4() != r.Dst.Addr().Is4() {
+				t.Errorf("%s: rule mixes families: %+v", nodes[self].Name, r)
+			}
+		}
+		r6, ok := routeTo(pl, "fd00:5::2/128", 0)
+		switch {
+		case pl.Leader && (!ok || r6.Dev != "kilo0" || r6.Src.IsValid()):
+			t.Errorf("leader: IPv6 Peer route = %+v, %v", r6, ok)
+		case !pl.Leader && ok:
+			t.Errorf("non-leader: IPv6 route via an IPv4 next hop planned: %+v", r6)
+		}
+		if _, ok := routeTo(pl, "10.5.0.2/32", 0); !ok {
+			t.Errorf("%s: no route to the Peer's IPv4 address", nodes[self].Name)
+		}
 	}
 }
 

@@ -21,14 +21,6 @@ func addrAdd(a netip.Addr, n uint64) netip.Addr {
 	return a
 }
 
-// firstHost is the first usable address of a prefix (network address + 1).
-func firstHost(p netip.Prefix) netip.Addr {
-	if !p.IsValid() {
-		return netip.Addr{}
-	}
-	return p.Masked().Addr().Next()
-}
-
 // endpointAddr returns the IP of a "host:port" endpoint, or the zero Addr
 // when the host is a DNS name or the value is malformed.
 func endpointAddr(ep string) netip.Addr {
@@ -152,6 +144,44 @@ func dedupRules(rs []Rule) []Rule {
 			continue
 		}
 		seen[r] = true
+		out = append(out, r)
+	}
+	return out
+}
+
+// oneFamily makes every route installable: the kernel refuses a source or
+// gateway of the other address family than the destination (Kilo plans
+// them, e.g. an IPv6 Peer allowed IP with src = an IPv4 private IP, and its
+// whole route update fails). A foreign source is left out (the kernel then
+// picks one); a foreign gateway is left out on the WireGuard interface,
+// which routes by allowed IPs and needs none; any other such route cannot
+// work and is dropped.
+func oneFamily(rs []Route, wgInterface string) []Route {
+	out := rs[:0]
+	for _, r := range rs {
+		v4 := r.Dst.Addr().Is4()
+		if r.Src.IsValid() && r.Src.Is4() != v4 {
+			r.Src = netip.Addr{}
+		}
+		if r.Gw.IsValid() && r.Gw.Is4() != v4 {
+			if r.Dev != wgInterface {
+				continue
+			}
+			r.Gw, r.OnLink = netip.Addr{}, false
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// oneFamilyRules drops rules whose source and destination are of different
+// families: no kernel rule can hold both.
+func oneFamilyRules(rs []Rule) []Rule {
+	out := rs[:0]
+	for _, r := range rs {
+		if r.Src.IsValid() && r.Dst.IsValid() && r.Src.Addr().Is4() != r.Dst.Addr().Is4() {
+			continue
+		}
 		out = append(out, r)
 	}
 	return out

@@ -59,16 +59,16 @@ func (p *planner) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
 	return r
 }
 
-// gatewayOf is the address a non-leader sends mesh traffic to on node n:
-// in Cilium mode n's cilium_host IP (fallback: the first IP of its pod
-// CIDR), otherwise n's private IP.
+// gatewayOf is the address mesh traffic to node n is sent to (Kilo's
+// Encapsulator.Gw): in Cilium mode n's cilium_host IP, else — Kilo's
+// fallback — the network address of its pod CIDR; otherwise n's private IP.
 func (p *planner) gatewayOf(n *Node) netip.Addr {
 	if p.set.Compatibility == CompatibilityCilium {
 		if n.CNICompatibilityIP.IsValid() {
 			return n.CNICompatibilityIP.Addr()
 		}
 		if len(n.PodCIDRs) > 0 {
-			return firstHost(n.PodCIDRs[0])
+			return n.PodCIDRs[0].Masked().Addr()
 		}
 	}
 	return n.InternalIP.Addr()
@@ -89,13 +89,16 @@ func (p *planner) localSegmentRoutes(s *segment) {
 			continue
 		}
 		priv := n.InternalIP.Addr()
+		gw := p.gatewayOf(n)
 		for _, c := range n.PodCIDRs {
-			p.add(p.viaGateway(c, priv))
+			p.add(p.viaGateway(c, gw))
 		}
+		// Whether the return path needs the tunnel depends on the node's
+		// private IP, the gateway on the mode (Kilo decides the same way).
 		if !p.encapsulates(priv) {
 			continue
 		}
-		p.add(Route{Dst: host(priv), Gw: priv, Dev: p.tunnel(), OnLink: true, Table: KiloTable})
+		p.add(Route{Dst: host(priv), Gw: gw, Dev: p.tunnel(), OnLink: true, Table: KiloTable, Src: p.privIP()})
 		for _, c := range p.selfNode.PodCIDRs {
 			p.addRule(Rule{Src: c.Masked(), Dst: host(priv), Table: KiloTable})
 		}
@@ -118,10 +121,8 @@ func (p *planner) leaderRoutes() {
 			continue
 		}
 		l := s.leaderNode()
-		endpointIP := endpointAddr(l.Endpoint)
-		if d, ok := p.discovered[l.PublicKey]; ok && roams(p.selfNode.PersistentKeepalive, l.PersistentKeepalive, l.Endpoint) {
-			endpointIP = d.Addr()
-		}
+		ep, _ := p.endpointFor(l.PublicKey, l.Endpoint, "", l.PersistentKeepalive > 0)
+		endpointIP := endpointAddr(ep)
 		for _, n := range s.nodes {
 			for _, c := range n.PodCIDRs {
 				p.add(Route{Dst: c, Gw: s.wgIP, Dev: dev, OnLink: true, Src: src})
@@ -149,13 +150,14 @@ func (p *planner) leaderRoutes() {
 	}
 }
 
-// ciliumReturnRoutes: in Cilium mode with --local=false, Cilium routes
-// inside the location, and a non-leader sends mesh traffic to this leader
-// through the tunnel from its private IP. Replies from kilo0 to that private
-// IP must go back through the tunnel too, via the non-leader's cilium_host
-// IP: table 1107 and an iif rule do that.
+// ciliumReturnRoutes: with --local=false and encapsulation (Cilium's case:
+// Cilium routes inside the location), a non-leader sends mesh traffic to
+// this leader through the tunnel from its private IP. Replies from kilo0 to
+// that private IP must go back through the tunnel too, via the non-leader's
+// gateway (its cilium_host IP): table 1107 and an iif rule do that. Where
+// the gateway is the private IP itself (IPIP mode) Kilo adds nothing.
 func (p *planner) ciliumReturnRoutes(s *segment) {
-	if p.set.Local || p.set.Compatibility != CompatibilityCilium || s != p.selfSegment {
+	if p.set.Local || p.set.Encapsulate == EncapsulateNever || !p.selfNode.InternalIP.IsValid() || s != p.selfSegment {
 		return
 	}
 	for _, n := range s.nodes {

@@ -81,9 +81,9 @@ func TestPlanNonLeaderCiliumFlags(t *testing.T) {
 	for _, r := range m["routes"].([]any) {
 		rm := r.(map[string]any)
 		if rm["dst"] == "10.244.2.0/24" {
-			// The leader a-1 publishes no cni-compatibility-ip: fallback to
-			// the first IP of its pod CIDR, through cilium_tunl.
-			if rm["gw"] != "10.244.0.1" || rm["dev"] != "cilium_tunl" || rm["onlink"] != true {
+			// The leader a-1 publishes no cni-compatibility-ip: Kilo's
+			// fallback, its pod CIDR's network address, through cilium_tunl.
+			if rm["gw"] != "10.244.0.0" || rm["dev"] != "cilium_tunl" || rm["onlink"] != true {
 				t.Errorf("route = %v", rm)
 			}
 			return

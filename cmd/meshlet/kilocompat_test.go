@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// updateCompat rewrites the "meshlet" block of the deviation cases from the
+// planner's output: go test ./cmd/meshlet -run KiloCompat -update-compat.
+// Review the diff: each change is a change of a documented deviation.
+var updateCompat = flag.Bool("update-compat", false, "rewrite the expected meshlet output of deviation cases in testdata/kilo-compat")
+
+// compatCase is one file of testdata/kilo-compat: an input on which Kilo
+// 0.7's topology code was run, and what it computed (docs/kilo-compatibility.md
+// says how the cases were made).
+type compatCase struct {
+	Name  string          `json:"name"`
+	Node  string          `json:"node"`
+	Flags []string        `json:"flags"`
+	Input json.RawMessage `json:"input"`
+	// Kilo is Kilo 0.7's output for Node.
+	Kilo compatPlan `json:"kilo"`
+	// Deviation names the section of docs/kilo-compatibility.md that
+	// explains why meshlet computes Meshlet instead; empty means meshlet
+	// must compute exactly Kilo.
+	Deviation string      `json:"deviation,omitempty"`
+	Meshlet   *compatPlan `json:"meshlet,omitempty"`
+	// Rejections are the reasons meshlet reports for the deviation.
+	Rejections []string `json:"rejections,omitempty"`
+}
+
+// compatPlan is the part of a plan both Kilo and meshlet compute, in a
+// canonical form: peers by key, allowed IPs, routes and rules sorted.
+type compatPlan struct {
+	Leader      bool          `json:"leader"`
+	WireGuardIP string        `json:"wireguardIP"`
+	Peers       []compatPeer  `json:"peers"`
+	Routes      []compatRoute `json:"routes"`
+	Rules       []compatRule  `json:"rules"`
+}
+
+type compatPeer struct {
+	PublicKey           string   `json:"publicKey"`
+	AllowedIPs          []string `json:"allowedIPs"`
+	Endpoint            string   `json:"endpoint"`
+	PersistentKeepalive int      `json:"persistentKeepalive"`
+}
+
+type compatRoute struct {
+	Dst    string `json:"dst"`
+	Gw     string `json:"gw"`
+	Dev    string `json:"dev"`
+	Src    string `json:"src"`
+	Table  int    `json:"table"`
+	OnLink bool   `json:"onlink"`
+}
+
+type compatRule struct {
+	Iif   string `json:"iif"`
+	Src   string `json:"src"`
+	Dst   string `json:"dst"`
+	Table int    `json:"table"`
+}
+
+func (p *compatPlan) canonical() {
+	for i := range p.Peers {
+		slices.Sort(p.Peers[i].AllowedIPs)
+		if p.Peers[i].AllowedIPs == nil {
+			p.Peers[i].AllowedIPs = []string{}
+		}
+	}
+	slices.SortFunc(p.Peers, func(a, b compatPeer) int { return strings.Compare(a.PublicKey, b.PublicKey) })
+	slices.SortFunc(p.Routes, func(a, b compatRoute) int {
+		return strings.Compare(fmt.Sprintf("%05d %s %s %s %s", a.Table, a.Dst, a.Dev, a.Gw, a.Src), fmt.Sprintf("%05d %s %s %s %s", b.Table, b.Dst, b.Dev, b.Gw, b.Src))
+	})
+	slices.SortFunc(p.Rules, func(a, b compatRule) int {
+		return strings.Compare(fmt.Sprintf("%05d %s %s %s", a.Table, a.Iif, a.Src, a.Dst), fmt.Sprintf("%05d %s %s %s", b.Table, b.Iif, b.Src, b.Dst))
+	})
+	for _, s := range []*[]compatPeer{&p.Peers} {
+		if *s == nil {
+			*s = []compatPeer{}
+		}
+	}
+	if p.Routes == nil {
+		p.Routes = []compatRoute{}
+	}
+	if p.Rules == nil {
+		p.Rules = []compatRule{}
+	}
+}
+
+func addrString(a fmt.Stringer, valid bool) string {
+	if !valid {
+		return ""
+	}
+	return a.String()
+}
+
+// toCompat reduces a meshlet plan to what Kilo computes.
+func toCompat(pl topology.Plan) compatPlan {
+	c := compatPlan{Leader: pl.Leader, WireGuardIP: addrString(pl.WireGuardIP, pl.WireGuardIP.IsValid())}
+	for _, wp := range pl.WireGuard.Peers {
+		cp := compatPeer{PublicKey: wp.PublicKey.String(), Endpoint: wp.Endpoint, PersistentKeepalive: wp.PersistentKeepalive}
+		for _, a := range wp.AllowedIPs {
+			cp.AllowedIPs = append(cp.AllowedIPs, a.String())
+		}
+		c.Peers = append(c.Peers, cp)
+	}
+	for _, r := range pl.Routes {
+		c.Routes = append(c.Routes, compatRoute{Dst: r.Dst.String(), Gw: addrString(r.Gw, r.Gw.IsValid()), Dev: r.Dev,
+			Src: addrString(r.Src, r.Src.IsValid()), Table: r.Table, OnLink: r.OnLink})
+	}
+	for _, r := range pl.Rules {
+		c.Rules = append(c.Rules, compatRule{Iif: r.Iif, Src: addrString(r.Src, r.Src.IsValid()), Dst: addrString(r.Dst, r.Dst.IsValid()), Table: r.Table})
+	}
+	c.canonical()
+	return c
+}
+
+// newestLastSeen is the time a case was made at: its newest last-seen.
+func newestLastSeen(t *testing.T, input []byte) string {
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Annotations map[string]string `json:"annotations"`
+			} `json:"metadata"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(input, &list); err != nil {
+		t.Fatal(err)
+	}
+	var newest int64
+	for _, it := range list.Items {
+		if v, err := strconv.ParseInt(it.Metadata.Annotations[topology.AnnotationLastSeen], 10, 64); err == nil && v > newest {
+			newest = v
+		}
+	}
+	return strconv.FormatInt(newest, 10)
+}
+
+// planCase runs `meshlet plan` on a case as kg ran: eth0 as the private
+// interface, and the tunnel device kg uses in that mode.
+func planCase(t *testing.T, c compatCase) planOutput {
+	t.Helper()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "input.json")
+	if err := os.WriteFile(in, c.Input, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tunnel := topology.TunnelIPIP
+	if slices.Contains(c.Flags, "--compatibility=cilium") {
+		tunnel = topology.TunnelCilium
+	}
+	args := append([]string{"--node", c.Node, "--local", in, "--now", newestLastSeen(t, c.Input),
+		"--private-interface", "eth0", "--tunnel-device", tunnel, "-o", "json"}, c.Flags...)
+	var out bytes.Buffer
+	if err := runPlan(context.Background(), args, &out); err != nil {
+		t.Fatalf("meshlet plan %s: %v", strings.Join(args, " "), err)
+	}
+	var pl planOutput
+	if err := json.Unmarshal(out.Bytes(), &pl); err != nil {
+		t.Fatal(err)
+	}
+	return pl
+}
+
+// peerKeepaliveDeviation accounts for the deviation that is the point of the
+// project (docs/kilo-compatibility.md#peer-keepalive): a WireGuard peer made
+// from a Peer object whose keepalive came from that Peer must carry the
+// Peer's spec.persistentKeepalive, and is then compared with Kilo on
+// everything else.
+func peerKeepaliveDeviation(t *testing.T, c compatCase, pl topology.Plan, got *compatPlan) {
+	t.Helper()
+	var list struct {
+		Items []struct {
+			Kind string `json:"kind"`
+			Spec struct {
+				PublicKey           string `json:"publicKey"`
+				PersistentKeepalive int    `json:"persistentKeepalive"`
+			} `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(c.Input, &list); err != nil {
+		t.Fatal(err)
+	}
+	spec := map[string]int{}
+	for _, it := range list.Items {
+		if it.Kind == "Peer" {
+			spec[it.Spec.PublicKey] = it.Spec.PersistentKeepalive
+		}
+	}
+	kilo := map[string]int{}
+	for _, p := range c.Kilo.Peers {
+		kilo[p.PublicKey] = p.PersistentKeepalive
+	}
+	for _, wp := range pl.WireGuard.Peers {
+		if wp.Kind != topology.KindPeer || wp.KeepaliveSource != topology.KeepalivePeerSpec {
+			continue
+		}
+		k := wp.PublicKey.String()
+		if wp.PersistentKeepalive != spec[k] {
+			t.Errorf("Peer %s: keepalive %d, want its spec's %d", wp.Name, wp.PersistentKeepalive, spec[k])
+		}
+		for i := range got.Peers {
+			if got.Peers[i].PublicKey == k {
+				got.Peers[i].PersistentKeepalive = kilo[k]
+			}
+		}
+	}
+}
+
+// planOutput is `meshlet plan -o json` read back; rejections are written as
+// one string per object, so they are read into their own type.
+type planOutput struct {
+	topology.Plan
+	Rejections []struct {
+		Object string          `json:"object"`
+		Field  string          `json:"field"`
+		Reason topology.Reason `json:"reason"`
+	} `json:"rejections"`
+}
+
+func mustJSON(v any) string {
+	b, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// TestKiloCompat: on every case of testdata/kilo-compat meshlet's plan is
+// Kilo 0.7's, or the documented deviation (which must differ from Kilo, be
+// explained in docs/kilo-compatibility.md, and report its rejections).
+func TestKiloCompat(t *testing.T) {
+	files, err := filepath.Glob("testdata/kilo-compat/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no cases: %v", err)
+	}
+	doc, err := os.ReadFile("../../docs/kilo-compatibility.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".json"), func(t *testing.T) {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c compatCase
+			if err := json.Unmarshal(raw, &c); err != nil {
+				t.Fatal(err)
+			}
+			pl := planCase(t, c)
+			got := toCompat(pl.Plan)
+			c.Kilo.canonical()
+			peerKeepaliveDeviation(t, c, pl.Plan, &got)
+			if c.Deviation == "" {
+				if !reflect.DeepEqual(got, c.Kilo) {
+					t.Fatalf("meshlet differs from Kilo 0.7\nmeshlet: %s\nkilo:    %s", mustJSON(got), mustJSON(c.Kilo))
+				}
+				return
+			}
+			if !strings.Contains(string(doc), "{#"+c.Deviation+"}") {
+				t.Errorf("deviation %q has no section {#%s} in docs/kilo-compatibility.md", c.Deviation, c.Deviation)
+			}
+			var reasons []string
+			for _, r := range pl.Rejections {
+				reasons = append(reasons, r.Object+" "+r.Field+" "+string(r.Reason))
+			}
+			if *updateCompat {
+				c.Meshlet, c.Rejections = &got, reasons
+				b, _ := json.MarshalIndent(c, "", " ")
+				if err := os.WriteFile(f, append(b, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if c.Meshlet == nil {
+				t.Fatal("deviation case without the expected meshlet output (run with -update-compat and review)")
+			}
+			c.Meshlet.canonical()
+			if !reflect.DeepEqual(got, *c.Meshlet) {
+				t.Errorf("meshlet's plan changed on a documented deviation\ngot:  %s\nwant: %s", mustJSON(got), mustJSON(c.Meshlet))
+			}
+			if reflect.DeepEqual(*c.Meshlet, c.Kilo) {
+				t.Errorf("deviation %q: meshlet computes what Kilo computes; drop the deviation", c.Deviation)
+			}
+			if !slices.Equal(reasons, c.Rejections) {
+				t.Errorf("rejections = %v, want %v", reasons, c.Rejections)
+			}
+		})
+	}
+}
