@@ -130,20 +130,7 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 
 		c, ok := current[key]
 		if !ok {
-			pc := wgtypes.PeerConfig{
-				PublicKey:         key,
-				Endpoint:          d.Addr,
-				ReplaceAllowedIPs: true,
-				AllowedIPs:        wantIPs,
-			}
-			if d.PersistentKeepalive > 0 {
-				pc.PersistentKeepaliveInterval = &keepalive
-			}
-			if d.PresharedKey != nil {
-				psk := wgtypes.Key(*d.PresharedKey)
-				pc.PresharedKey = &psk
-			}
-			cfg.Peers = append(cfg.Peers, pc)
+			cfg.Peers = append(cfg.Peers, newPeerConfig(d))
 			rep.Added = append(rep.Added, PeerChange{Name: d.Name, PublicKey: d.PublicKey})
 			continue
 		}
@@ -191,6 +178,25 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 		rep.Removed = append(rep.Removed, PeerChange{Name: in.Names[topology.Key(p.PublicKey)], PublicKey: topology.Key(p.PublicKey)})
 	}
 	return cfg, rep
+}
+
+// newPeerConfig is the configuration that adds peer d.
+func newPeerConfig(d ResolvedPeer) wgtypes.PeerConfig {
+	pc := wgtypes.PeerConfig{
+		PublicKey:         wgtypes.Key(d.PublicKey),
+		Endpoint:          d.Addr,
+		ReplaceAllowedIPs: true,
+		AllowedIPs:        toIPNets(d.AllowedIPs),
+	}
+	if d.PersistentKeepalive > 0 {
+		keepalive := time.Duration(d.PersistentKeepalive) * time.Second
+		pc.PersistentKeepaliveInterval = &keepalive
+	}
+	if d.PresharedKey != nil {
+		psk := wgtypes.Key(*d.PresharedKey)
+		pc.PresharedKey = &psk
+	}
+	return pc
 }
 
 // overwriteEndpoint decides whether the plan's endpoint may replace the one

@@ -535,3 +535,107 @@ func TestEnsureDeviceAdoptsUserspace(t *testing.T) {
 		t.Errorf("second EnsureDevice on a live userspace device: %q, want %q", got, "ready "+string(KindExternal))
 	}
 }
+
+// TestHalfDeadSessionRepaired reproduces a kg peer: B rewrites its whole
+// device (ReplacePeers, as kg does on every change), forgetting its session
+// with A, while A goes on pinging B. Without the session rule WireGuard
+// notices only after 15 s (KEEPALIVE_TIMEOUT + REKEY_TIMEOUT) without a
+// reply; with it, A probes, re-establishes the session, and the replies
+// resume well before that. The gap is reported, not asserted.
+func TestHalfDeadSessionRepaired(t *testing.T) {
+	requireRoot(t)
+	for _, tc := range []struct {
+		name     string
+		sessions bool
+	}{{"session rule on", true}, {"control: rule off", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t)
+			p.planA.Peers[0].SessionProbe = netip.MustParseAddr("10.4.0.2")
+			p.b.apply(t, p.planB)
+			p.a.apply(t, p.planA)
+			waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var repairs atomic.Int32
+			p.a.mgr.Watch(ctx, WatchOptions{
+				Interval: 250 * time.Millisecond, FastInterval: 50 * time.Millisecond, Sessions: tc.sessions,
+				// The agent probes from its own namespace; here that is A's.
+				Probe: func(ctx context.Context, a netip.Addr) error {
+					go func() {
+						_ = exec.CommandContext(ctx, "ip", "netns", "exec", p.a.ns, "ping", "-c1", "-W1", a.String()).Run()
+					}()
+					return nil
+				},
+				OnRepair: func(string) { repairs.Add(1) },
+			})
+
+			// A pings B every 20 ms; B rewrites its device once.
+			ping := exec.Command("ip", "netns", "exec", p.a.ns, "ping", "-D", "-i0.02", "-W1", "10.4.0.2")
+			out, err := ping.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ping.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = ping.Process.Kill(); _ = ping.Wait() }()
+			replies := make(chan time.Time, 10000)
+			go func() {
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					if strings.Contains(sc.Text(), "bytes from") {
+						replies <- time.Now()
+					}
+				}
+			}()
+			next := func(within time.Duration) (time.Time, bool) {
+				select {
+				case r := <-replies:
+					return r, true
+				case <-time.After(within):
+					return time.Time{}, false
+				}
+			}
+			if _, ok := next(5 * time.Second); !ok {
+				t.Fatal("no ping replies before the rewrite")
+			}
+			full := wgtypes.Config{ReplacePeers: true, Peers: []wgtypes.PeerConfig{{
+				PublicKey: wgtypes.Key(p.a.mgr.PublicKey()), Endpoint: udp("192.168.77.1:51820"), ReplaceAllowedIPs: true, AllowedIPs: ipnets("10.4.0.1/32"),
+			}}}
+			if err := p.b.client.ConfigureDevice(p.b.dev, full); err != nil {
+				t.Fatal(err)
+			}
+			rewrote := time.Now()
+			for len(replies) > 0 {
+				<-replies
+			}
+			// The first reply to a packet sent after the rewrite: replies
+			// already in flight arrive within one RTT.
+			var resumed time.Time
+			for {
+				r, ok := next(8 * time.Second)
+				if !ok || r.Sub(rewrote) > 100*time.Millisecond {
+					resumed = r
+					break
+				}
+			}
+			switch {
+			case tc.sessions && resumed.IsZero():
+				t.Fatalf("replies did not resume within 8 s of B's rewrite (repairs: %d)", repairs.Load())
+			case tc.sessions && repairs.Load() == 0:
+				t.Fatal("replies resumed but no session was re-established: the test did not reproduce a half-dead session")
+			case !tc.sessions && !resumed.IsZero() && resumed.Sub(rewrote) < 3*time.Second:
+				// WireGuard's own timers take 5-15 s here.
+				t.Fatalf("control: replies resumed %v after the rewrite without the session rule; the half-dead state was not reproduced", resumed.Sub(rewrote))
+			}
+			switch {
+			case tc.sessions:
+				t.Logf("B rewrote its device: replies resumed %v later, %d session re-established", resumed.Sub(rewrote).Round(time.Millisecond), repairs.Load())
+			case resumed.IsZero():
+				t.Logf("control: no reply for 8 s after B's rewrite")
+			default:
+				t.Logf("control: replies resumed %v after B's rewrite (WireGuard's own timers)", resumed.Sub(rewrote).Round(time.Millisecond))
+			}
+		})
+	}
+}

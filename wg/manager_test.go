@@ -220,8 +220,16 @@ func TestManagerDrifted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, err := m.Drifted(ctx); d || err != nil {
-		t.Fatalf("before any apply: drifted=%v err=%v", d, err)
+	drifted := func() bool {
+		t.Helper()
+		d, _, err := m.watchOnce(ctx, &sessionWatch{policy: DefaultSessionPolicy}, WatchOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if drifted() {
+		t.Fatal("drift before any apply")
 	}
 	plan := topology.Device{Interface: "kilo0", ListenPort: 51820, Peers: []topology.WireGuardPeer{
 		{Name: "a", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", PersistentKeepalive: 25, Roaming: true, AllowedIPs: pfx("10.4.0.1/32")},
@@ -230,30 +238,30 @@ func TestManagerDrifted(t *testing.T) {
 	if _, err := m.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := m.Drifted(ctx); d {
+	if drifted() {
 		t.Fatal("drift right after apply")
 	}
 	// A roaming peer's learned endpoint is not drift.
 	fc.dev.Peers[0].Endpoint = udp("198.51.100.9:1234")
-	if d, _ := m.Drifted(ctx); d {
+	if drifted() {
 		t.Error("a roamed endpoint counted as drift")
 	}
 	// `wg set kilo0 peer b remove` is.
 	fc.dev.Peers = fc.dev.Peers[:1]
-	if d, _ := m.Drifted(ctx); !d {
+	if !drifted() {
 		t.Error("a removed peer is not drift")
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	select {
-	case <-m.WatchDrift(wctx, 10*time.Millisecond):
+	case <-m.Watch(wctx, WatchOptions{Interval: 10 * time.Millisecond}):
 	case <-time.After(5 * time.Second):
-		t.Fatal("WatchDrift did not signal the removed peer")
+		t.Fatal("Watch did not signal the removed peer")
 	}
 	if _, err := m.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := m.Drifted(ctx); d {
+	if drifted() {
 		t.Error("drift after re-apply")
 	}
 }

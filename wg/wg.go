@@ -205,55 +205,6 @@ func (m *Manager) Apply(ctx context.Context, desired topology.Device) (Report, e
 	return rep, nil
 }
 
-// Drifted reports whether the device no longer matches the last applied
-// configuration: a peer removed, added or changed by someone else. A peer
-// that roamed (learned endpoint) is not drift, by the same rules as Apply.
-// Before the first Apply it reports false.
-func (m *Manager) Drifted(ctx context.Context) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.applied == nil {
-		return false, nil
-	}
-	cur, err := m.client.Device(m.iface)
-	if err != nil {
-		return false, fmt.Errorf("wg: read device %s: %w", m.iface, err)
-	}
-	in := *m.applied
-	in.LastEndpoints, in.Names = m.lastEndpoints, m.names
-	_, rep := Diff(in, cur)
-	return rep.Changed(), nil
-}
-
-// WatchDrift checks the device every interval and signals (coalesced) when
-// it Drifted, until ctx ends: the agent re-applies at once instead of at
-// the next resync. A read error counts as drift (a vanished device must be
-// recreated too).
-func (m *Manager) WatchDrift(ctx context.Context, interval time.Duration) <-chan struct{} {
-	out := make(chan struct{}, 1)
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if d, err := m.Drifted(ctx); d || (err != nil && ctx.Err() == nil) {
-				select {
-				case out <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}()
-	return out
-}
-
 // Stats reads the device for metrics.
 func (m *Manager) Stats(ctx context.Context) (DeviceStats, error) {
 	if err := ctx.Err(); err != nil {

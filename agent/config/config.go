@@ -38,6 +38,9 @@ type Config struct {
 	MetricsCompat string // "" | wireguard-exporter
 	KeyFile       string
 	LogLevel      string
+	// RepairSessions re-establishes half-dead sessions to kg-run peers
+	// (docs/kilo-compatibility.md#half-dead).
+	RepairSessions bool
 	// CleanUp is not a kg flag: meshlet never removes the data plane on exit.
 
 	parsed parsed
@@ -93,6 +96,7 @@ func (c *Config) RegisterAgent(fs *flag.FlagSet) {
 	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
 }
 
 // Validate checks every flag and returns all problems at once.

@@ -74,6 +74,7 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 		}
 	}
 	n.LocationAnnotation = a[topology.AnnotationLocation]
+	n.MeshletVersion = a[topology.AnnotationVersion]
 	_, n.Leader = a[topology.AnnotationLeader]
 
 	// Endpoints. parseEP records a rejection and reports whether the
@@ -248,5 +249,6 @@ func NodeAnnotations(n topology.Node) map[string]string {
 		a[topology.AnnotationDiscoveredEndpoints] = topology.FormatDiscoveredEndpoints(n.DiscoveredEndpoints)
 	}
 	set(topology.AnnotationGranularity, string(n.Granularity))
+	set(topology.AnnotationVersion, n.MeshletVersion)
 	return a
 }

@@ -59,6 +59,15 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 	return a
 }
 
+// NewSessionRepairs creates meshlet_session_repairs_total{peer}, counted by
+// the WireGuard actuator's watch, and registers it.
+func NewSessionRepairs(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_session_repairs_total",
+		Help: "Half-dead WireGuard sessions re-established: the peer (run by kg) forgot the session when it rewrote its device."}, []string{"peer"})
+	reg.MustRegister(c)
+	return c
+}
+
 // PeerStat is what the device reports about one peer.
 type PeerStat struct {
 	PublicKey           topology.Key

@@ -136,6 +136,7 @@ type Facts struct {
 	Interface string       // kilo0: never taken as the private interface
 	Internal  netip.Prefix // --internal-cidr, zero = discover
 	Port      int
+	Version   string // meshlet's, published in meshlet.io/version
 	// SelfNode returns this node's Node annotations (force-endpoint).
 	Annotations func() map[string]string
 
@@ -171,7 +172,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 	}
 	self := topology.Self{
 		PrivateIP: priv.Prefix, PrivateInterface: priv.Interface, PublicKey: f.PublicKey,
-		CiliumHostIP: f.Host.InterfaceIPv4("cilium_host"), TunnelDevice: tunnel,
+		CiliumHostIP: f.Host.InterfaceIPv4("cilium_host"), TunnelDevice: tunnel, Version: f.Version,
 	}
 	self.Endpoint = f.endpoint(priv.Prefix, addrs)
 	if f.WireGuard != nil {

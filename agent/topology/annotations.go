@@ -37,6 +37,9 @@ const (
 
 	// meshlet's per-node keepalive rules on a Peer object.
 	AnnotationNodePersistentKeepalive = "meshlet.io/node-persistent-keepalive"
+	// AnnotationVersion marks a node run by meshlet (its version); a node
+	// without it is run by kg (docs/kilo-compatibility.md#mixed).
+	AnnotationVersion = "meshlet.io/version"
 )
 
 // DiscoveredEndpoint is one value of the discovered-endpoints annotation; the

@@ -182,6 +182,7 @@ func (p *planner) overlaySelf(n Node) Node {
 	if p.self.CiliumHostIP.IsValid() {
 		n.CNICompatibilityIP = p.self.CiliumHostIP
 	}
+	n.MeshletVersion = p.self.Version
 	n.LastSeen = p.snap.Now
 	return n
 }
@@ -570,13 +571,23 @@ func (p *planner) segmentPeers() {
 		wp := WireGuardPeer{
 			Name: l.Name, Kind: KindSegment, Location: s.location, PublicKey: l.PublicKey,
 			Endpoint: ep, EndpointSource: src, AllowedIPs: s.allowedIPs(),
-			PersistentKeepalive: ka, Roaming: roaming,
+			PersistentKeepalive: ka, Roaming: roaming, SessionProbe: sessionProbe(l, s.wgIP),
 		}
 		if ka > 0 {
 			wp.KeepaliveSource = KeepaliveNodeAnnotation
 		}
 		p.addPeer(ObjectRef{Kind: "Node", Name: l.Name}, wp)
 	}
+}
+
+// sessionProbe is the address to probe a kg-run peer's session at (its
+// WireGuard IP), or none for a peer run by meshlet, which never drops a
+// session it keeps.
+func sessionProbe(leader *Node, wgIP netip.Addr) netip.Addr {
+	if leader.MeshletVersion != "" {
+		return netip.Addr{}
+	}
+	return wgIP
 }
 
 // peerKeepalive is precedence rule 1: the Peer's node-persistent-keepalive
@@ -631,6 +642,7 @@ func (p *planner) publishAnnotations() {
 	a[AnnotationLastSeen] = FormatLastSeen(p.snap.Now)
 	a[AnnotationWireGuardIP] = ""
 	a[AnnotationGranularity] = string(p.set.Granularity)
+	a[AnnotationVersion] = p.self.Version
 	a[AnnotationCNICompatibilityIP] = ""
 	if p.set.Compatibility == CompatibilityCilium {
 		a[AnnotationCNICompatibilityIP] = FormatPrefix(p.self.CiliumHostIP)

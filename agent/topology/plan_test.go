@@ -337,8 +337,10 @@ func TestAnnotationsPublished(t *testing.T) {
 	nodes := threeLocations()
 	self := selfOf(nodes[0], "eth0")
 	self.CiliumHostIP = pfx("10.244.1.1/32")
+	self.Version = "v1.2.3"
 	pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Compatibility: CompatibilityCilium}}, self)
 	want := map[string]string{
+		AnnotationVersion:             "v1.2.3",
 		AnnotationKey:                 key(1).String(),
 		AnnotationEndpoint:            "10.0.1.1:51820",
 		AnnotationInternalIP:          "10.0.1.1/24",
@@ -589,6 +591,21 @@ func TestOneAddressFamilyPerRoute(t *testing.T) {
 		if _, ok := routeTo(pl, "10.5.0.2/32", 0); !ok {
 			t.Errorf("%s: no route to the Peer's IPv4 address", nodes[self].Name)
 		}
+	}
+}
+
+// TestSessionProbeForKgPeers: a segment or remote leader without
+// meshlet.io/version runs kg; its peer carries its WireGuard IP as the
+// address to probe its session at. meshlet-run leaders carry none.
+func TestSessionProbeForKgPeers(t *testing.T) {
+	nodes := threeLocations()
+	nodes[3].MeshletVersion = "v1" // b-2 (leader of b) runs meshlet; c-1 runs kg
+	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	if p := peerByName(t, pl, "b-2"); p.SessionProbe.IsValid() {
+		t.Errorf("meshlet peer b-2 has a session probe %v", p.SessionProbe)
+	}
+	if p := peerByName(t, pl, "c-1"); p.SessionProbe != addr("10.4.0.3") {
+		t.Errorf("kg peer c-1: session probe %v, want its WireGuard IP 10.4.0.3", p.SessionProbe)
 	}
 }
 

@@ -228,6 +228,7 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 			Name: l.Name, Kind: KindRemote, Cluster: r.entry.Name, Location: l.location(p.set),
 			PublicKey: l.PublicKey, Endpoint: ep, EndpointSource: esrc, AllowedIPs: ips,
 			PersistentKeepalive: ka, KeepaliveSource: src, Roaming: roaming,
+			SessionProbe: sessionProbe(l, l.WireGuardIP.Addr()),
 		}) {
 			names = append(names, l.Name)
 			first = false

@@ -317,3 +317,18 @@ func TestRemoteLeadersFollowKilosRules(t *testing.T) {
 		t.Errorf("full granularity leaders = %v", pl.Remotes[0].Leaders)
 	}
 }
+
+// TestRemoteSessionProbe: a remote leader run by kg (no meshlet.io/version,
+// e.g. a cluster still on kilo-clustermesh-operator) gets its WireGuard IP
+// as the session probe; one run by meshlet gets none.
+func TestRemoteSessionProbe(t *testing.T) {
+	snap := twoClusters()
+	snap.Remotes[0].Nodes[2].MeshletVersion = "v1" // by-1 runs meshlet
+	pl := Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if bx := peerByName(t, pl, "bx-1"); bx.SessionProbe != addr("100.66.1.1") {
+		t.Errorf("kg-run bx-1: session probe %v, want 100.66.1.1", bx.SessionProbe)
+	}
+	if by := peerByName(t, pl, "by-1"); by.SessionProbe.IsValid() {
+		t.Errorf("meshlet-run by-1: session probe %v, want none", by.SessionProbe)
+	}
+}

@@ -102,6 +102,8 @@ type Self struct {
 	// DeviceEndpoints are the endpoints the local WireGuard device learned, by
 	// peer key; they become this node's discovered-endpoints annotation.
 	DeviceEndpoints map[Key]netip.AddrPort
+	// Version is this meshlet's version, published in meshlet.io/version.
+	Version string
 }
 
 // Node is one Kubernetes node as the planner needs it, already parsed from
@@ -134,6 +136,8 @@ type Node struct {
 	// topology ignores it (readiness is annotations + last-seen), so the
 	// planner does too, to agree with kg nodes; it is kept for display.
 	Ready bool
+	// MeshletVersion is meshlet.io/version: "" means the node runs kg.
+	MeshletVersion string
 	// MalformedEndpoint is set when an endpoint annotation that another
 	// cluster would use (clustermesh-endpoint, force-endpoint) is present but
 	// does not parse: such a node is skipped as a remote leader rather than
@@ -242,6 +246,12 @@ type WireGuardPeer struct {
 	// Roaming peers (keepalive > 0 or no configured endpoint) keep the
 	// endpoint their device learned: the actuator must not overwrite it.
 	Roaming bool `json:"roaming"`
+	// SessionProbe is set for a peer run by kg, which forgets its sessions
+	// whenever it reconfigures (docs/kilo-compatibility.md#half-dead): the
+	// actuator watches that session and, when traffic goes unanswered,
+	// probes this address (the peer's WireGuard IP) before re-establishing
+	// it.
+	SessionProbe netip.Addr `json:"sessionProbe,omitzero"`
 }
 
 // Device is the desired WireGuard device.

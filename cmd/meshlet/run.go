@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/meshlet/meshlet/agent/config"
+	"github.com/meshlet/meshlet/agent/metrics"
 	"github.com/meshlet/meshlet/agent/node"
 	"github.com/meshlet/meshlet/agent/runner"
 	"github.com/meshlet/meshlet/netlinkx"
@@ -101,15 +102,21 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("watching netlink: %w", err)
 	}
-	// Someone editing kilo0's peers (`wg set ... peer X remove`) raises no
-	// netlink event (never on a userspace device); polling the device is
-	// cheap and brings such a change back in well under a second.
-	changes := mergeSignals(ctx, netlinkChanges, mgr.WatchDrift(ctx, driftInterval))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	repairs := metrics.NewSessionRepairs(reg)
+	// Someone editing kilo0's peers (`wg set ... peer X remove`) raises no
+	// netlink event (never on a userspace device); polling the device is
+	// cheap and brings such a change back in well under a second. The same
+	// read watches the sessions to kg-run peers.
+	drift := mgr.Watch(ctx, wg.WatchOptions{
+		Interval: driftInterval, FastInterval: sessionInterval, Sessions: cfg.RepairSessions, Probe: wg.ProbeICMP,
+		OnRepair: func(peer string) { repairs.WithLabelValues(peer).Inc() },
+	})
+	changes := mergeSignals(ctx, netlinkChanges, drift)
 	wgAct := &node.WireGuard{Manager: mgr}
 	facts := &node.Facts{Host: host, WireGuard: wgAct, PublicKey: mgr.PublicKey(), Interface: cfg.Interface,
-		Internal: cfg.InternalPrefix(), Port: cfg.Port}
+		Internal: cfg.InternalPrefix(), Port: cfg.Port, Version: version}
 	agent, err := runner.New(runner.Options{
 		Config: cfg, Node: name, RestConfig: rc, WireGuard: wgAct, Host: &node.Host{Host: host, Underlay: facts.Underlay},
 		Self: facts, HostEvents: changes, Registry: reg, Log: log,
@@ -128,8 +135,12 @@ func runAgent(ctx context.Context, args []string) error {
 }
 
 // driftInterval is how often the WireGuard device is compared with what
-// meshlet applied last.
-const driftInterval = 250 * time.Millisecond
+// meshlet applied last; sessionInterval how often while a kg peer's
+// session has traffic going unanswered.
+const (
+	driftInterval   = 250 * time.Millisecond
+	sessionInterval = 50 * time.Millisecond
+)
 
 // mergeSignals forwards every signal of ins to one coalescing channel.
 func mergeSignals(ctx context.Context, ins ...<-chan struct{}) <-chan struct{} {

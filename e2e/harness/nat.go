@@ -163,25 +163,8 @@ func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr) (*P
 	if err := e.attachToHub(h.NS, "eth0", h.IP); err != nil {
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(h.WGDir, "device.log"))
-	if err != nil {
-		return nil, err
-	}
-	w := h.wrap(e.opts.Meshlet, "wireguard-userspace", "--interface", PeerIface)
-	cmd := exec.Command(w[0], w[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	go func() { _ = cmd.Wait(); logf.Close() }()
-	sock := filepath.Join(h.WGDir, PeerIface+".sock")
-	if err := Poll(ctx, 10*time.Second, 20*time.Millisecond, "peer host device socket", func() (bool, error) {
-		_, err := os.Stat(sock)
-		return err == nil, nil
-	}); err != nil {
-		return nil, err
+	if err := startDevice(ctx, e.opts.Meshlet, h.wrap, h.WGDir, PeerIface); err != nil {
+		return nil, fmt.Errorf("peer host %s: %w", name, err)
 	}
 	if err := setUAPI(h.WGDir, PeerIface, "private_key="+HexKey(h.Private), "listen_port=51820"); err != nil {
 		return nil, fmt.Errorf("peer host %s: %w", name, err)
@@ -195,6 +178,30 @@ func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr) (*P
 		}
 	}
 	return h, nil
+}
+
+// startDevice runs a userspace WireGuard device (meshlet's own, as the
+// agent uses it) named iface through wrap, which puts it in its network and
+// mount namespace, and waits for its UAPI socket in wgDir.
+func startDevice(ctx context.Context, meshlet string, wrap func(...string) []string, wgDir, iface string) error {
+	logf, err := os.Create(filepath.Join(wgDir, "device.log"))
+	if err != nil {
+		return err
+	}
+	w := wrap(meshlet, "wireguard-userspace", "--interface", iface)
+	cmd := exec.Command(w[0], w[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	sock := filepath.Join(wgDir, iface+".sock")
+	return Poll(ctx, 10*time.Second, 20*time.Millisecond, "device socket "+sock, func() (bool, error) {
+		_, err := os.Stat(sock)
+		return err == nil, nil
+	})
 }
 
 func (h *PeerHost) wrap(args ...string) []string {

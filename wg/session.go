@@ -1,0 +1,158 @@
+package wg
+
+import (
+	"time"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// Half-dead sessions (docs/kilo-compatibility.md#half-dead).
+//
+// kg applies every change by rewriting its whole device, which forgets the
+// sessions it had. This side's half of such a session stays valid, so it
+// goes on sending into a session the peer no longer knows; the peer drops
+// those packets silently, and WireGuard notices only after
+// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT (15 s) without a reply. For peers with a
+// SessionProbe (the planner sets it for kg-run peers) the monitor therefore
+// watches the device's counters: traffic sent and nothing received for
+// SuspectAfter, within a session this side believes alive, is suspicious.
+// One probe to the peer's WireGuard IP tells a one-way flow (the peer
+// answers through the session) from a dead session (no answer); after
+// ProbeTimeout without anything received the peer is removed and added back
+// in one configuration, and the next packet starts a fresh handshake, which
+// the peer answers at once.
+
+// SessionPolicy tunes the half-dead session rule.
+type SessionPolicy struct {
+	// SuspectAfter: sent, nothing received for this long → probe.
+	SuspectAfter time.Duration
+	// ProbeTimeout: nothing received this long after the probe → re-establish.
+	ProbeTimeout time.Duration
+	// MinBackoff, MaxBackoff bound how often one peer is re-established
+	// while nothing is received from it (a peer that is really gone).
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// DefaultSessionPolicy: a half-dead session costs well under a second of
+// traffic; a peer that stays silent is re-established at most every
+// MaxBackoff.
+var DefaultSessionPolicy = SessionPolicy{
+	SuspectAfter: 200 * time.Millisecond,
+	ProbeTimeout: 300 * time.Millisecond,
+	MinBackoff:   5 * time.Second,
+	MaxBackoff:   time.Minute,
+}
+
+// sessionLife is WireGuard's REJECT_AFTER_TIME: a session whose last
+// handshake is older is dead on this side too, and WireGuard handshakes
+// anew by itself on the next packet.
+const sessionLife = 180 * time.Second
+
+// sessionSample is one reading of a peer's counters.
+type sessionSample struct {
+	rx, tx    int64
+	handshake time.Time
+}
+
+// sessionState is what the monitor remembers of one watched peer.
+type sessionState struct {
+	last   sessionSample
+	lastAt time.Time // when last was taken
+	seen   bool      // last is valid
+	// unanswered: since when traffic has been going out with nothing
+	// received (at the latest the reading before it was seen); zero when
+	// the peer answered.
+	unanswered time.Time
+	probed     time.Time // when the probe went out; zero = not yet
+	repairedAt time.Time
+	backoff    time.Duration
+}
+
+type sessionAction int
+
+const (
+	sessionOK sessionAction = iota
+	sessionProbe
+	sessionRepair
+)
+
+// assessSession is the rule, pure: the state after sample s taken at now,
+// and what to do.
+func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionPolicy) (sessionState, sessionAction) {
+	prev, prevAt, seen := st.last, st.lastAt, st.seen
+	st.last, st.lastAt, st.seen = s, now, true
+	switch {
+	case !seen || s.rx < prev.rx || s.tx < prev.tx:
+		// First sample, or the peer was re-created (counters restart).
+		st.unanswered, st.probed = time.Time{}, time.Time{}
+		return st, sessionOK
+	case s.rx > prev.rx || !s.handshake.Equal(prev.handshake):
+		// Heard from the peer: the session works.
+		st.unanswered, st.probed = time.Time{}, time.Time{}
+		if now.Sub(st.repairedAt) > 2*pol.MaxBackoff {
+			st.backoff = 0
+		}
+		return st, sessionOK
+	case s.tx > prev.tx && st.unanswered.IsZero():
+		// Sent since the previous reading, nothing back: the first such
+		// packet may have left right after it.
+		st.unanswered = prevAt
+	}
+	if st.unanswered.IsZero() || s.handshake.IsZero() || now.Sub(s.handshake) >= sessionLife {
+		// Nothing pending, or no session this side believes in: WireGuard
+		// handshakes by itself.
+		return st, sessionOK
+	}
+	switch {
+	case st.probed.IsZero() && now.Sub(st.unanswered) >= pol.SuspectAfter:
+		st.probed = now
+		return st, sessionProbe
+	case !st.probed.IsZero() && now.Sub(st.probed) >= pol.ProbeTimeout && now.Sub(st.repairedAt) >= st.backoff:
+		st.repairedAt = now
+		st.backoff = min(max(2*st.backoff, pol.MinBackoff), pol.MaxBackoff)
+		st.unanswered, st.probed = time.Time{}, time.Time{}
+		return st, sessionRepair
+	}
+	return st, sessionOK
+}
+
+// sessionWatch holds the states of the watched peers.
+type sessionWatch struct {
+	policy SessionPolicy
+	peers  map[topology.Key]sessionState
+}
+
+// watched is one peer to assess in a tick.
+type watched struct {
+	key    topology.Key
+	sample sessionSample
+}
+
+// assess runs the rule over this tick's samples and returns the peers to
+// probe and to re-establish. Peers no longer watched are forgotten.
+func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair []topology.Key) {
+	next := make(map[topology.Key]sessionState, len(samples))
+	for _, s := range samples {
+		st, act := assessSession(w.peers[s.key], s.sample, now, w.policy)
+		next[s.key] = st
+		switch act {
+		case sessionProbe:
+			probe = append(probe, s.key)
+		case sessionRepair:
+			repair = append(repair, s.key)
+		}
+	}
+	w.peers = next
+	return probe, repair
+}
+
+// pending reports whether a watched peer has traffic going unanswered, so
+// the monitor samples fast until that is settled.
+func (w *sessionWatch) pending() bool {
+	for _, st := range w.peers {
+		if !st.unanswered.IsZero() {
+			return true
+		}
+	}
+	return false
+}

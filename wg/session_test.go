@@ -1,0 +1,175 @@
+package wg
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/meshlet/meshlet/agent/topology"
+)
+
+// TestAssessSession walks the rule through sequences of samples taken every
+// 100 ms: what a half-dead session, a one-way flow, an idle peer and a gone
+// peer each lead to.
+func TestAssessSession(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	hs := t0.Add(-30 * time.Second) // a session this side believes alive
+	type step struct {
+		rx, tx int64
+		hs     time.Time
+		want   sessionAction
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"answered traffic stays OK", []step{
+			{100, 100, hs, sessionOK}, {200, 200, hs, sessionOK}, {300, 300, hs, sessionOK}, {400, 400, hs, sessionOK},
+		}},
+		{"idle peer stays OK", []step{
+			{100, 100, hs, sessionOK}, {100, 100, hs, sessionOK}, {100, 100, hs, sessionOK}, {100, 100, hs, sessionOK},
+		}},
+		{"half-dead: probe 200 ms after the last reading with an answer, re-established 300 ms later", []step{
+			{100, 100, hs, sessionOK},
+			{100, 200, hs, sessionOK},    // sent since the last reading, nothing back
+			{100, 300, hs, sessionProbe}, // 200 ms
+			{100, 400, hs, sessionOK},
+			{100, 500, hs, sessionOK},
+			{100, 600, hs, sessionRepair}, // 300 ms after the probe
+		}},
+		// A one-way flow costs one probe per ~300 ms, never a repair.
+		{"one-way flow: every probe is answered, nothing re-established", []step{
+			{100, 100, hs, sessionOK},
+			{100, 200, hs, sessionOK},
+			{100, 300, hs, sessionProbe},
+			{164, 400, hs, sessionOK}, // the echo reply came back through the session
+			{164, 500, hs, sessionOK},
+			{164, 600, hs, sessionProbe},
+			{228, 700, hs, sessionOK},
+			{228, 800, hs, sessionOK},
+		}},
+		{"a new handshake counts as an answer", []step{
+			{100, 100, hs, sessionOK},
+			{100, 200, hs, sessionOK},
+			{100, 300, hs, sessionProbe},
+			{100, 400, t0, sessionOK},
+			{100, 500, t0, sessionOK},
+			{100, 600, t0, sessionProbe}, // still one-way after it: probe again
+		}},
+		{"no session believed alive: WireGuard handshakes by itself", []step{
+			{100, 100, t0.Add(-181 * time.Second), sessionOK},
+			{100, 200, t0.Add(-181 * time.Second), sessionOK},
+			{100, 300, t0.Add(-181 * time.Second), sessionOK},
+			{100, 400, t0.Add(-181 * time.Second), sessionOK},
+			{100, 500, t0.Add(-181 * time.Second), sessionOK},
+		}},
+		{"never handshaked: nothing to repair", []step{
+			{0, 100, time.Time{}, sessionOK}, {0, 200, time.Time{}, sessionOK}, {0, 300, time.Time{}, sessionOK},
+			{0, 400, time.Time{}, sessionOK}, {0, 500, time.Time{}, sessionOK},
+		}},
+		{"counters restart (peer re-created): a fresh start", []step{
+			{100, 100, hs, sessionOK}, {100, 200, hs, sessionOK}, {0, 10, hs, sessionOK}, {0, 10, hs, sessionOK},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var st sessionState
+			for i, s := range tt.steps {
+				var got sessionAction
+				st, got = assessSession(st, sessionSample{rx: s.rx, tx: s.tx, handshake: s.hs}, t0.Add(time.Duration(i)*100*time.Millisecond), DefaultSessionPolicy)
+				if got != s.want {
+					t.Fatalf("step %d (rx %d tx %d): action %d, want %d", i, s.rx, s.tx, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestAssessSessionBackoff: a peer that stays silent is re-established at
+// most every MinBackoff, then less and less often (doubling to MaxBackoff).
+func TestAssessSessionBackoff(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	hs := t0
+	var st sessionState
+	var repairs []time.Duration
+	tx := int64(100)
+	for ms := 0; ms <= 40_000; ms += 100 {
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		tx += 10
+		var act sessionAction
+		st, act = assessSession(st, sessionSample{rx: 50, tx: tx, handshake: hs}, now, DefaultSessionPolicy)
+		if act == sessionRepair {
+			repairs = append(repairs, now.Sub(t0))
+		}
+	}
+	// Unanswered from 0 ms, probed at 200 ms, repaired at 500 ms; then 5 s,
+	// 10 s, 20 s after the previous repair.
+	want := []time.Duration{500 * time.Millisecond, 5500 * time.Millisecond, 15500 * time.Millisecond, 35500 * time.Millisecond}
+	if len(repairs) != len(want) {
+		t.Fatalf("repairs at %v, want %v", repairs, want)
+	}
+	for i := range want {
+		if repairs[i] != want[i] {
+			t.Fatalf("repairs at %v, want %v", repairs, want)
+		}
+	}
+}
+
+// TestWatchRepairsHalfDeadSession: on the device, a kg peer (SessionProbe
+// set) whose traffic goes unanswered is probed, then removed and added back
+// in one configuration, keeping the endpoint it is at; a meshlet peer in the
+// same state is left alone.
+func TestWatchRepairsHalfDeadSession(t *testing.T) {
+	ctx := context.Background()
+	priv, _ := wgtypes.GeneratePrivateKey()
+	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
+	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kg := topology.WireGuardPeer{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
+		PersistentKeepalive: 25, Roaming: true, SessionProbe: netip.MustParseAddr("10.4.0.2")}
+	ml := topology.WireGuardPeer{Name: "meshlet", PublicKey: testKey(2), Endpoint: "192.0.2.2:51820", AllowedIPs: pfx("10.4.0.3/32")}
+	if _, err := m.Apply(ctx, topology.Device{Interface: "kilo0", ListenPort: 51820, Peers: []topology.WireGuardPeer{kg, ml}}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	for i := range fc.dev.Peers {
+		fc.dev.Peers[i].LastHandshakeTime = now.Add(-10 * time.Second)
+		fc.dev.Peers[i].ReceiveBytes = 1000
+	}
+	fc.dev.Peers[0].Endpoint = udp("198.51.100.7:40000") // roamed
+	sw := &sessionWatch{policy: DefaultSessionPolicy}
+	var repaired []string
+	o := WatchOptions{Sessions: true, Now: func() time.Time { return now }, OnRepair: func(p string) { repaired = append(repaired, p) }}
+	var probed []netip.Addr
+	configs := len(fc.configs)
+	for i := 0; i < 10; i++ {
+		for j := range fc.dev.Peers {
+			fc.dev.Peers[j].TransmitBytes += 100 // sending, nothing comes back
+		}
+		_, p, err := m.watchOnce(ctx, sw, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		probed = append(probed, p...)
+		now = now.Add(100 * time.Millisecond)
+	}
+	if len(probed) != 1 || probed[0] != kg.SessionProbe {
+		t.Errorf("probed %v, want one probe of %v", probed, kg.SessionProbe)
+	}
+	if len(repaired) != 1 || repaired[0] != "kg" {
+		t.Fatalf("repaired %v, want [kg]", repaired)
+	}
+	cfg := fc.configs[len(fc.configs)-1]
+	if len(fc.configs) != configs+1 || len(cfg.Peers) != 2 || !cfg.Peers[0].Remove || cfg.Peers[1].Remove ||
+		cfg.Peers[0].PublicKey != wgtypes.Key(kg.PublicKey) || cfg.Peers[1].PublicKey != wgtypes.Key(kg.PublicKey) {
+		t.Fatalf("configs sent: %+v", fc.configs[configs:])
+	}
+	if cfg.ReplacePeers || cfg.Peers[1].Endpoint.String() != "198.51.100.7:40000" || len(cfg.Peers[1].AllowedIPs) != 1 {
+		t.Errorf("re-added peer %+v: want its roamed endpoint and allowed IPs, no ReplacePeers", cfg.Peers[1])
+	}
+}
