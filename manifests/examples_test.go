@@ -3,8 +3,8 @@ package manifests_test
 import (
 	"testing"
 
-	"github.com/meshlet/meshlet/agent/kilo"
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // TestExamplesCoherent checks that the examples agree with the DaemonSet and

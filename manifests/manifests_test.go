@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshlet/meshlet/agent/clustermesh"
-	"github.com/meshlet/meshlet/agent/kilo"
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 )
 

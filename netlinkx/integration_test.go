@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 func requireRoot(t testing.TB) {

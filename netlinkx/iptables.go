@@ -10,7 +10,7 @@ import (
 
 	"github.com/coreos/go-iptables/iptables"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // meshlet's iptables chains. They are owned entirely by meshlet; the only

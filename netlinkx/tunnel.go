@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Tunnel device names, in order of preference.

@@ -3,7 +3,7 @@ package wg
 import (
 	"time"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Half-dead sessions (docs/kilo-compatibility.md#half-dead).

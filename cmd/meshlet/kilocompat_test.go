@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // updateCompat rewrites the "meshlet" block of the deviation cases from the

@@ -17,10 +17,10 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/meshlet/meshlet/agent/cluster"
-	"github.com/meshlet/meshlet/agent/config"
-	"github.com/meshlet/meshlet/agent/kilo"
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
+	"github.com/meshlet/meshlet/agent/runtime/config"
 )
 
 // localOrFile is plan's --local: the command line uses --local FILE

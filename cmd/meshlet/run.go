@@ -14,10 +14,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/meshlet/meshlet/agent/config"
-	"github.com/meshlet/meshlet/agent/metrics"
-	"github.com/meshlet/meshlet/agent/node"
-	"github.com/meshlet/meshlet/agent/runner"
+	"github.com/meshlet/meshlet/agent/runtime/config"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
+	"github.com/meshlet/meshlet/agent/runtime/node"
+	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
 )

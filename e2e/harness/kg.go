@@ -14,8 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/meshlet/meshlet/agent/cluster"
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
 )
 
 // KgNode stands in for a node run by kg 0.7, for mixed clusters: a network

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"sync"
 	"time"
 )

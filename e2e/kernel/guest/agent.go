@@ -22,7 +22,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Agent mode: the real agent, `meshlet run --wireguard=kernel`, one per

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/wg"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl"
 
-	"github.com/meshlet/meshlet/agent/topology"
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
 )
@@ -103,7 +103,7 @@ func (d *planDriver) apply(ctx context.Context, n nodeDef) (applyResult, error) 
 }
 
 // applyCmd is `guest apply FILE`: the production code path of one reconcile
-// pass (wg first, then the host network, as agent/reconcile does), in the
+// pass (wg first, then the host network, as agent/runtime/reconcile does), in the
 // current network namespace.
 func applyCmd(file string) error {
 	b, err := os.ReadFile(file)

@@ -1,0 +1,342 @@
+package clustermesh
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// Kind is the ObjectRef kind of rejections about ClusterMeshes.
+const Kind = "ClusterMesh"
+
+// ReasonMeshConflict rejects a mesh that contradicts an earlier mesh (by
+// namespace/name): the same cluster declared with other allowedNetworks.
+// Overlaps between different clusters of different meshes use
+// topology.ReasonNetworksOverlap.
+//
+// TODO(topology): move to agent/topology's Reason constants.
+const ReasonMeshConflict = topology.ReasonMeshConflict
+
+// DefaultKubeconfigKey is the Secret key used when kubeconfigSecretRef names
+// no key (the operator's conventional key).
+const DefaultKubeconfigKey = "kubeconfig"
+
+const maxKeepalive = 65535
+
+// Kubeconfig locates the kubeconfig of one remote cluster of an accepted mesh.
+type Kubeconfig struct {
+	// Mesh is the ClusterMesh that declares the cluster.
+	Mesh topology.ObjectRef
+	// Cluster is the remote cluster's name.
+	Cluster string
+	// Namespace, Name and Key locate the Secret (the mesh's namespace).
+	Namespace, Name, Key string
+}
+
+// Result is the outcome of Resolve.
+type Result struct {
+	// Meshes are the accepted meshes, sorted by namespace/name, clusters in
+	// spec order, with Local set on exactly one entry: this cluster's.
+	Meshes []topology.Mesh
+	// Rejections explain every refused mesh, in the same order.
+	Rejections []topology.Rejection
+	// Kubeconfigs are the remote clusters of the accepted meshes, in order;
+	// the remote watchers connect with them.
+	Kubeconfigs []Kubeconfig
+}
+
+// ToTopology validates meshes for the cluster named clusterName ("" = use the
+// local: true entries) and converts the valid ones; see Resolve.
+func ToTopology(meshes []*ClusterMesh, clusterName string) ([]topology.Mesh, []topology.Rejection) {
+	r := Resolve(meshes, clusterName)
+	return r.Meshes, r.Rejections
+}
+
+// Resolve validates every mesh (Validate), then checks the meshes against
+// each other in namespace/name order: a mesh is rejected whole when it
+// declares a cluster already declared by an accepted mesh with other
+// allowedNetworks (ReasonMeshConflict), or when any of its networks overlaps
+// a network of a different cluster of an accepted mesh
+// (ReasonNetworksOverlap). "Earlier wins" makes the outcome independent of
+// the order the informer lists objects in. This cluster's entry counts as
+// the same cluster in every mesh even where meshes name it differently.
+// Nil entries are ignored.
+func Resolve(meshes []*ClusterMesh, clusterName string) Result {
+	sorted := make([]*ClusterMesh, 0, len(meshes))
+	for _, m := range meshes {
+		if m != nil {
+			sorted = append(sorted, m)
+		}
+	}
+	slices.SortStableFunc(sorted, func(a, b *ClusterMesh) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+
+	type claim struct {
+		networks []netip.Prefix // sorted
+		mesh     topology.ObjectRef
+		cluster  string
+	}
+	var res Result
+	claims := map[string]claim{} // by cluster identity
+	var prev *ClusterMesh
+	for _, m := range sorted {
+		ref := meshRef(m)
+		if prev != nil && prev.Namespace == m.Namespace && prev.Name == m.Name {
+			res.Rejections = append(res.Rejections, topology.Rejection{Object: ref, Reason: topology.ReasonInvalidClusterMesh,
+				Message: "duplicate ClusterMesh object; the first one is used"})
+			continue
+		}
+		prev = m
+		tm, rejs := Validate(m, clusterName)
+		if len(rejs) > 0 {
+			res.Rejections = append(res.Rejections, rejs...)
+			continue
+		}
+		// Cross-mesh checks against the claims of accepted meshes.
+		for i, c := range tm.Clusters {
+			id := identity(c)
+			nets := sortedPrefixes(c.AllowedNetworks)
+			field := fmt.Sprintf("spec.clusters[%d].allowedNetworks", i)
+			if prior, ok := claims[id]; ok && !slices.Equal(prior.networks, nets) {
+				rejs = append(rejs, topology.Rejection{Object: ref, Field: field, Reason: ReasonMeshConflict,
+					Message: fmt.Sprintf("cluster %q has allowedNetworks %v here but %v in %s (as %q), which takes precedence",
+						c.Name, nets, prior.networks, prior.mesh, prior.cluster)})
+				continue
+			}
+			for pid, prior := range sortedClaims(claims) {
+				if pid == id {
+					continue
+				}
+				if a, b, ok := firstOverlap(nets, prior.networks); ok {
+					rejs = append(rejs, topology.Rejection{Object: ref, Field: field, Reason: topology.ReasonNetworksOverlap,
+						Message: fmt.Sprintf("%s of cluster %q overlaps %s of cluster %q in %s, which takes precedence",
+							a, c.Name, b, prior.cluster, prior.mesh)})
+				}
+			}
+		}
+		if len(rejs) > 0 {
+			res.Rejections = append(res.Rejections, rejs...)
+			continue
+		}
+		for i, c := range tm.Clusters {
+			id := identity(c)
+			if _, ok := claims[id]; !ok {
+				claims[id] = claim{networks: sortedPrefixes(c.AllowedNetworks), mesh: ref, cluster: c.Name}
+			}
+			if c.Local {
+				continue
+			}
+			s := m.Spec.Clusters[i].KubeconfigSecretRef
+			key := s.Key
+			if key == "" {
+				key = DefaultKubeconfigKey
+			}
+			res.Kubeconfigs = append(res.Kubeconfigs, Kubeconfig{Mesh: ref, Cluster: c.Name, Namespace: m.Namespace, Name: s.Name, Key: key})
+		}
+		res.Meshes = append(res.Meshes, tm)
+	}
+	return res
+}
+
+// identity keys a cluster across meshes: this cluster's entry is one cluster
+// whatever each mesh calls it.
+func identity(c topology.MeshCluster) string {
+	if c.Local {
+		return "\x00local"
+	}
+	return c.Name
+}
+
+// sortedClaims iterates claims in key order so that rejection messages are
+// deterministic.
+func sortedClaims[V any](m map[string]V) func(yield func(string, V) bool) {
+	return func(yield func(string, V) bool) {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if !yield(k, m[k]) {
+				return
+			}
+		}
+	}
+}
+
+func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, comparePrefix)
+	return slices.Compact(out)
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+// firstOverlap returns the first overlapping pair of a and b.
+func firstOverlap(a, b []netip.Prefix) (netip.Prefix, netip.Prefix, bool) {
+	for _, x := range a {
+		for _, y := range b {
+			if x.Overlaps(y) {
+				return x, y, true
+			}
+		}
+	}
+	return netip.Prefix{}, netip.Prefix{}, false
+}
+
+func meshRef(m *ClusterMesh) topology.ObjectRef {
+	return topology.ObjectRef{Kind: Kind, Namespace: m.Namespace, Name: m.Name}
+}
+
+// Validate checks one ClusterMesh on its own and converts it. This cluster's
+// entry is the one named clusterName if there is one, else the single entry
+// marked local: true. Rules (clustermesh.md): at least one cluster; names
+// are DNS labels, unique; at most one local: true entry, and exactly one if
+// clusterName names no entry; allowedNetworks are CIDRs (masked to their
+// network; 0.0.0.0/0 and ::/0 refused, a cluster must not claim everything);
+// wireguardPort 1–65535 (0 = 51820); persistentKeepalive 0–65535; every
+// remote entry has a kubeconfigSecretRef with a name (key defaults to
+// "kubeconfig"); no two networks overlap, within a cluster or across
+// clusters. Any problem rejects the whole mesh: the returned Mesh is then
+// zero and every problem is listed.
+func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rejection) {
+	if m == nil {
+		return topology.Mesh{}, nil
+	}
+	ref := meshRef(m)
+	var rejs []topology.Rejection
+	reject := func(field string, reason topology.Reason, format string, args ...any) {
+		rejs = append(rejs, topology.Rejection{Object: ref, Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)})
+	}
+	clusters := m.Spec.Clusters
+	if len(clusters) == 0 {
+		reject("spec.clusters", topology.ReasonInvalidClusterMesh, "spec.clusters is empty")
+		return topology.Mesh{}, rejs
+	}
+
+	// Which entry is this cluster.
+	local := -1
+	var marked []int
+	for i, c := range clusters {
+		if clusterName != "" && c.Name == clusterName && local < 0 {
+			local = i
+		}
+		if c.Local {
+			marked = append(marked, i)
+		}
+	}
+	if len(marked) > 1 {
+		reject("spec.clusters", topology.ReasonInvalidClusterMesh, "%d entries are marked local: true (%s); at most one may be", len(marked), names(clusters, marked))
+	}
+	if local < 0 {
+		switch {
+		case len(marked) == 1:
+			local = marked[0]
+		case len(marked) == 0 && clusterName != "":
+			reject("spec.clusters", topology.ReasonInvalidClusterMesh, "no entry is named %q (--cluster-name) and none is marked local: true", clusterName)
+		case len(marked) == 0:
+			reject("spec.clusters", topology.ReasonInvalidClusterMesh, "no entry is marked local: true and no --cluster-name is set")
+		}
+	}
+
+	out := topology.Mesh{Namespace: m.Namespace, Name: m.Name, Clusters: make([]topology.MeshCluster, len(clusters))}
+	seen := map[string]int{}
+	for i, c := range clusters {
+		f := fmt.Sprintf("spec.clusters[%d]", i)
+		if errs := validation.IsDNS1123Label(c.Name); len(errs) > 0 {
+			reject(f+".name", topology.ReasonInvalidClusterMesh, "cluster name %s is not a DNS label: %s", quote(c.Name), strings.Join(errs, "; "))
+		} else if j, dup := seen[c.Name]; dup {
+			reject(f+".name", topology.ReasonInvalidClusterMesh, "cluster name %q is also used by spec.clusters[%d]", c.Name, j)
+		} else {
+			seen[c.Name] = i
+		}
+		mc := topology.MeshCluster{Name: c.Name, Local: i == local, WireGuardPort: c.WireguardPort, PersistentKeepalive: c.PersistentKeepalive}
+		for j, s := range c.AllowedNetworks {
+			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			if err == nil && p.Addr().Is4In6() {
+				err = fmt.Errorf("IPv4-mapped IPv6 address")
+			}
+			switch {
+			case err != nil:
+				reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(s), err)
+			case p.Bits() == 0:
+				reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonDefaultRoute, "%s would route everything to cluster %q", p, c.Name)
+			default:
+				mc.AllowedNetworks = append(mc.AllowedNetworks, p.Masked())
+			}
+		}
+		switch {
+		case c.WireguardPort == 0:
+			mc.WireGuardPort = DefaultWireGuardPort
+		case c.WireguardPort < 0 || c.WireguardPort > 65535:
+			reject(f+".wireguardPort", topology.ReasonInvalidClusterMesh, "wireguardPort %d out of range 1-65535", c.WireguardPort)
+		}
+		if c.PersistentKeepalive < 0 || c.PersistentKeepalive > maxKeepalive {
+			reject(f+".persistentKeepalive", topology.ReasonInvalidClusterMesh, "persistentKeepalive %d out of range 0-%d", c.PersistentKeepalive, maxKeepalive)
+		}
+		// Which entries are remote is unknown while the local one is
+		// unresolved; that error is reported above, so stay quiet here.
+		if remote := local >= 0 && i != local; remote {
+			if r := c.KubeconfigSecretRef; r == nil || r.Name == "" {
+				reject(f+".kubeconfigSecretRef", topology.ReasonInvalidClusterMesh, "remote cluster %q needs kubeconfigSecretRef.name", c.Name)
+			} else if errs := validation.IsDNS1123Subdomain(r.Name); len(errs) > 0 {
+				reject(f+".kubeconfigSecretRef.name", topology.ReasonInvalidClusterMesh, "Secret name %s: %s", quote(r.Name), strings.Join(errs, "; "))
+			}
+		}
+		out.Clusters[i] = mc
+	}
+
+	// Overlaps, within a cluster and across clusters; each pair once.
+	for i := range out.Clusters {
+		for j := i; j < len(out.Clusters); j++ {
+			a, b := out.Clusters[i], out.Clusters[j]
+			for x, pa := range a.AllowedNetworks {
+				start := 0
+				if i == j {
+					start = x + 1
+				}
+				for _, pb := range b.AllowedNetworks[start:] {
+					if !pa.Overlaps(pb) {
+						continue
+					}
+					where := fmt.Sprintf("clusters %q and %q", a.Name, b.Name)
+					if i == j {
+						where = fmt.Sprintf("cluster %q", a.Name)
+					}
+					reject(fmt.Sprintf("spec.clusters[%d].allowedNetworks", j), topology.ReasonNetworksOverlap, "%s and %s overlap (%s)", pa, pb, where)
+				}
+			}
+		}
+	}
+	if len(rejs) > 0 {
+		return topology.Mesh{}, rejs
+	}
+	return out, nil
+}
+
+func names(cs []Cluster, idx []int) string {
+	var s []string
+	for _, i := range idx {
+		s = append(s, strconv.Quote(cs[i].Name))
+	}
+	return strings.Join(s, ", ")
+}
+
+// quote formats a user value for a message, truncated: values may be large.
+func quote(s string) string {
+	const maxQuoted = 64
+	if len(s) > maxQuoted {
+		return strconv.Quote(s[:maxQuoted]) + "..."
+	}
+	return strconv.Quote(s)
+}

@@ -1,0 +1,135 @@
+package cluster
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+func TestReadObjects(t *testing.T) {
+	for _, tc := range []struct {
+		name, in                      string
+		nodes, peers, meshes, skipped int
+		wantErr                       bool
+	}{
+		{name: "v1 List as kubectl prints it", in: `
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: a}}
+- {apiVersion: kilo.squat.ai/v1alpha1, kind: Peer, metadata: {name: p}, spec: {allowedIPs: [10.5.0.1/32], publicKey: x}}
+- {apiVersion: kilo.squat.ai/v1alpha1, kind: ClusterMesh, metadata: {name: m, namespace: kilo-system}, spec: {clusters: []}}
+- {apiVersion: v1, kind: Secret, metadata: {name: s}}
+`, nodes: 1, peers: 1, meshes: 1, skipped: 1},
+		{name: "multi-document YAML", in: "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: b}\n---\n", nodes: 2},
+		{name: "JSON NodeList", in: `{"apiVersion":"v1","kind":"NodeList","items":[{"apiVersion":"v1","kind":"Node","metadata":{"name":"a"}}]}`, nodes: 1},
+		{name: "object without kind", in: "metadata: {name: a}\n", wantErr: true},
+		{name: "not YAML", in: "a: [\n", wantErr: true},
+		{name: "Node with a wrong type", in: "apiVersion: v1\nkind: Node\nspec: {podCIDRs: 3}\n", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := ReadObjects(strings.NewReader(tc.in))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v", err)
+			}
+			if err == nil && (len(o.Nodes) != tc.nodes || len(o.Peers) != tc.peers || len(o.Meshes) != tc.meshes || o.Skipped != tc.skipped) {
+				t.Fatalf("got %d nodes %d peers %d meshes %d skipped", len(o.Nodes), len(o.Peers), len(o.Meshes), o.Skipped)
+			}
+		})
+	}
+}
+
+func TestAnnotationDiff(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	node := func(ann map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: ann}}
+	}
+	want := map[string]string{topology.AnnotationKey: "k", topology.AnnotationLastSeen: "1800000000"}
+	for _, tc := range []struct {
+		name string
+		have map[string]string
+		want []string
+	}{
+		{"nothing published yet", nil, []string{topology.AnnotationKey, topology.AnnotationLastSeen}},
+		{"all current and fresh", map[string]string{topology.AnnotationKey: "k", topology.AnnotationLastSeen: "1799999990"}, nil},
+		{"heartbeat due", map[string]string{topology.AnnotationKey: "k", topology.AnnotationLastSeen: "1799999970"}, []string{topology.AnnotationLastSeen}},
+		{"a value changed: last-seen rides along", map[string]string{topology.AnnotationKey: "old", topology.AnnotationLastSeen: "1799999999"},
+			[]string{topology.AnnotationKey, topology.AnnotationLastSeen}},
+		{"unparsable last-seen is refreshed", map[string]string{topology.AnnotationKey: "k", topology.AnnotationLastSeen: "soon"}, []string{topology.AnnotationLastSeen}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := AnnotationDiff(node(tc.have), want, now, 25*time.Second)
+			if len(d) != len(tc.want) {
+				t.Fatalf("diff = %v, want keys %v", d, tc.want)
+			}
+			for _, k := range tc.want {
+				if d[k] != want[k] {
+					t.Errorf("diff[%s] = %q", k, d[k])
+				}
+			}
+		})
+	}
+}
+
+func TestSetNodeWakesOnlyOnMaterialChange(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	mk := func(lastSeen time.Time, endpoint string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
+			topology.AnnotationLastSeen: fmt.Sprint(lastSeen.Unix()), topology.AnnotationEndpoint: endpoint}}}
+	}
+	o := newObjects("b")
+	steps := []struct {
+		name string
+		node *corev1.Node
+		del  bool
+		want bool
+	}{
+		{"new node", mk(now, "1.2.3.4:51820"), false, true},
+		{"heartbeat only", mk(now.Add(30*time.Second), "1.2.3.4:51820"), false, false},
+		{"endpoint changed", mk(now.Add(31*time.Second), "1.2.3.5:51820"), false, true},
+		{"back after being stale", mk(now.Add(200*time.Second), "1.2.3.5:51820"), false, true},
+		{"deleted", mk(now, ""), true, true},
+	}
+	clock := now
+	for _, s := range steps {
+		if s.name == "back after being stale" {
+			clock = now.Add(200 * time.Second)
+		}
+		if got := o.setNode(s.node, s.del, clock); got != s.want {
+			t.Errorf("%s: changed = %v, want %v", s.name, got, s.want)
+		}
+		if s.name == "heartbeat only" {
+			if ls := o.nodes["n"].Node.LastSeen; !ls.Equal(now.Add(30 * time.Second)) {
+				t.Errorf("heartbeat not stored: %v", ls)
+			}
+		}
+	}
+}
+
+func TestBadPeerEditKeepsLastValidVersion(t *testing.T) {
+	o := newObjects("")
+	peer := func(key string) *kilo.Peer {
+		return &kilo.Peer{ObjectMeta: metav1.ObjectMeta{Name: "laptop"},
+			Spec: kilo.PeerSpec{AllowedIPs: []string{"10.5.0.1/32"}, PublicKey: key}}
+	}
+	good := "GY5aT1N9dTR/nJnT1N2f4ClZWVj0jOAld0r8ysWLyjg="
+	o.setPeer(peer(good), false)
+	o.setPeer(peer("not-a-key"), false)
+	_, peers, rejs := o.state()
+	if len(peers) != 1 || peers[0].PublicKey.String() != good || len(rejs) != 1 || rejs[0].Reason != topology.ReasonInvalidKey {
+		t.Fatalf("peers %+v rejections %+v: want the last valid version kept and the edit rejected", peers, rejs)
+	}
+	// Deleting it still removes it; a Peer invalid from the start never enters.
+	o.setPeer(peer(good), true)
+	o.setPeer(peer("not-a-key"), false)
+	if _, peers, _ := o.state(); len(peers) != 0 {
+		t.Fatalf("peers = %+v", peers)
+	}
+}

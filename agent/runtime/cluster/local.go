@@ -1,0 +1,227 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// Local watches the local cluster.
+type Local struct {
+	client    kubernetes.Interface
+	namespace string
+	notify    func(seen time.Time)
+	log       *slog.Logger
+
+	nodeInf, peerInf, meshInf, secretInf cache.SharedIndexInformer
+
+	mu       sync.RWMutex
+	objs     objects
+	keeper   clustermesh.Keeper
+	meshes   map[string]*clustermesh.ClusterMesh
+	secrets  map[string]map[string][]byte // name → data
+	self     *corev1.Node                 // this node as last seen
+	selfName string
+}
+
+// LocalOptions configure the local watcher.
+type LocalOptions struct {
+	Config    *rest.Config
+	Client    kubernetes.Interface
+	Namespace string // ClusterMeshes and their Secrets
+	Node      string // this node
+	Notify    func(seen time.Time)
+	Log       *slog.Logger
+}
+
+// NewLocal creates the local watcher; Start runs it.
+func NewLocal(o LocalOptions) (*Local, error) {
+	rc, err := kiloClient(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	l := &Local{
+		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node,
+		objs:   newObjects(""),
+		meshes: map[string]*clustermesh.ClusterMesh{}, secrets: map[string]map[string][]byte{},
+	}
+	nf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTransform(kilo.TransformNode))
+	l.nodeInf = nf.Core().V1().Nodes().Informer()
+	sf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithNamespace(o.Namespace),
+		informers.WithTransform(transformSecret))
+	l.secretInf = sf.Core().V1().Secrets().Informer()
+	l.peerInf = crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	l.meshInf = crdInformer(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
+
+	_, _ = l.nodeInf.AddEventHandler(handler(l.onNode))
+	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))
+	_, _ = l.meshInf.AddEventHandler(handler(l.onMesh))
+	_, _ = l.secretInf.AddEventHandler(handler(l.onSecret))
+	return l, nil
+}
+
+// transformSecret keeps only a Secret's name and data: the kubeconfigs.
+func transformSecret(obj interface{}) (interface{}, error) {
+	s, ok := obj.(*corev1.Secret)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, ResourceVersion: s.ResourceVersion}, Data: s.Data}, nil
+}
+
+// Start runs the informers until ctx ends.
+func (l *Local) Start(ctx context.Context) {
+	for _, inf := range []cache.SharedIndexInformer{l.nodeInf, l.peerInf, l.meshInf, l.secretInf} {
+		go inf.Run(ctx.Done())
+	}
+}
+
+// WaitForSync blocks until every informer listed once or ctx ends.
+func (l *Local) WaitForSync(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), l.nodeInf.HasSynced, l.peerInf.HasSynced, l.meshInf.HasSynced, l.secretInf.HasSynced)
+}
+
+// Synced reports whether every informer has listed once.
+func (l *Local) Synced() bool {
+	return l.nodeInf.HasSynced() && l.peerInf.HasSynced() && l.meshInf.HasSynced() && l.secretInf.HasSynced()
+}
+
+func (l *Local) changed() {
+	if l.notify != nil {
+		l.notify(time.Now())
+	}
+}
+
+func (l *Local) onNode(obj interface{}, deleted bool) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	changed := l.objs.setNode(n, deleted, time.Now())
+	if n.Name == l.selfName {
+		l.self = n
+		if deleted {
+			l.self = nil
+		}
+	}
+	l.mu.Unlock()
+	if changed {
+		l.changed()
+	}
+}
+
+func (l *Local) onPeer(obj interface{}, deleted bool) {
+	p, ok := obj.(*kilo.Peer)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	l.objs.setPeer(p, deleted)
+	l.mu.Unlock()
+	l.changed()
+}
+
+func (l *Local) onMesh(obj interface{}, deleted bool) {
+	m, ok := obj.(*clustermesh.ClusterMesh)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	if deleted {
+		delete(l.meshes, m.Name)
+	} else {
+		l.meshes[m.Name] = m
+	}
+	l.mu.Unlock()
+	l.changed()
+}
+
+func (l *Local) onSecret(obj interface{}, deleted bool) {
+	s, ok := obj.(*corev1.Secret)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	if deleted {
+		delete(l.secrets, s.Name)
+	} else {
+		l.secrets[s.Name] = s.Data
+	}
+	l.mu.Unlock()
+	l.changed()
+}
+
+// SecretData returns one key of a Secret of the watched namespace.
+func (l *Local) SecretData(name, key string) ([]byte, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	d, ok := l.secrets[name]
+	if !ok {
+		return nil, false
+	}
+	v, ok := d[key]
+	return v, ok
+}
+
+// SelfNode returns this node's object as last seen (nil before it exists).
+func (l *Local) SelfNode() *corev1.Node {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.self
+}
+
+// LocalState is the local part of a snapshot.
+type LocalState struct {
+	Nodes      []topology.Node
+	Peers      []topology.Peer
+	Mesh       clustermesh.Result
+	Rejections []topology.Rejection
+}
+
+// State returns the converted local objects, sorted by name.
+func (l *Local) State(clusterName string) LocalState {
+	l.mu.Lock() // the keeper remembers accepted ClusterMeshes
+	defer l.mu.Unlock()
+	var st LocalState
+	st.Nodes, st.Peers, st.Rejections = l.objs.state()
+	meshes := make([]*clustermesh.ClusterMesh, 0, len(l.meshes))
+	for _, m := range l.meshes {
+		meshes = append(meshes, m)
+	}
+	// A ClusterMesh edit that fails validation changes nothing on the data
+	// plane: its last accepted version stays in force (clustermesh.md).
+	st.Mesh = l.keeper.Resolve(meshes, clusterName)
+	st.Rejections = append(st.Rejections, st.Mesh.Rejections...)
+	return st
+}
+
+// MeshOf returns the ClusterMesh that declares a remote cluster (for
+// Events about that cluster's objects).
+func MeshOf(res clustermesh.Result, cluster string) (string, string, bool) {
+	for _, k := range res.Kubeconfigs {
+		if k.Cluster == cluster {
+			return k.Mesh.Namespace, k.Mesh.Name, true
+		}
+	}
+	return "", "", false
+}
+
+// String is for logs.
+func (l *Local) String() string { return fmt.Sprintf("local cluster (namespace %s)", l.namespace) }

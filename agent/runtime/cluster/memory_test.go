@@ -1,0 +1,132 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
+	"github.com/meshlet/meshlet/e2e/apiserver"
+)
+
+// fatNode looks like a real kubelet-managed Node: images, conditions,
+// managed fields and labels that the transform must drop.
+func fatNode(i int) *corev1.Node {
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   fmt.Sprintf("node-%05d", i),
+			Labels: map[string]string{"kubernetes.io/hostname": fmt.Sprintf("node-%05d", i), "topology.kubernetes.io/region": fmt.Sprintf("r%d", i%20), "node.kubernetes.io/instance-type": "cx41"},
+			Annotations: map[string]string{
+				"kilo.squat.ai/key":                                      "AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAEI=",
+				"kilo.squat.ai/endpoint":                                 fmt.Sprintf("10.%d.%d.%d:51820", i/65536, i/256%256, i%256),
+				"kilo.squat.ai/internal-ip":                              fmt.Sprintf("10.%d.%d.%d/16", i/65536, i/256%256, i%256),
+				"kilo.squat.ai/last-seen":                                strconv.FormatInt(time.Now().Unix(), 10),
+				"node.alpha.kubernetes.io/ttl":                           "0",
+				"volumes.kubernetes.io/controller-managed-attach-detach": "true",
+			},
+		},
+		Spec: corev1.NodeSpec{PodCIDR: fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256), PodCIDRs: []string{fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256)}},
+	}
+	for j := 0; j < 20; j++ {
+		n.Status.Images = append(n.Status.Images, corev1.ContainerImage{Names: []string{fmt.Sprintf("registry.example.com/team/image-%d@sha256:%064d", j, j)}, SizeBytes: 123456789})
+	}
+	for _, c := range []corev1.NodeConditionType{"MemoryPressure", "DiskPressure", "PIDPressure", "Ready"} {
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c, Status: "False", Reason: "KubeletHasSufficient" + string(c), Message: "kubelet has sufficient resources available for " + string(c)})
+	}
+	return n
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+func rssMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			f := strings.Fields(l)
+			kb, _ := strconv.Atoi(f[1])
+			return float64(kb) / 1024
+		}
+	}
+	return 0
+}
+
+// BenchmarkRemoteWatch10kNodes: memory of a remote watcher holding 10,000
+// kubelet-sized Nodes (target: under 100 MiB for the agent).
+func BenchmarkRemoteWatch10kNodes(b *testing.B) {
+	const n = 10000
+	srv := apiserver.Start(b, apiserver.Options{})
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(srv.AdminConfig())
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if _, err := cs.CoreV1().Nodes().Create(ctx, fatNode(i), metav1.CreateOptions{}); err != nil {
+					b.Error(err)
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	b.Logf("created %d nodes in %v", n, time.Since(start))
+	kc, err := apiserver.Kubeconfig(srv.AdminConfig(), "remote")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		before := heapInUse()
+		rctx, cancel := context.WithCancel(ctx)
+		synced := make(chan struct{}, 1)
+		rs := &cluster.Remotes{Notify: func(time.Time) {}}
+		rs.Start(rctx)
+		t0 := time.Now()
+		rs.Sync(true, []clustermesh.Kubeconfig{{Cluster: "remote", Name: "kc", Key: "kubeconfig"}},
+			func(string, string) ([]byte, bool) { return kc, true })
+		go func() {
+			for {
+				st, _ := rs.State()
+				if len(st) == 1 && st[0].Synced && len(st[0].Nodes) == n {
+					synced <- struct{}{}
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		<-synced
+		syncTime := time.Since(t0)
+		held := heapInUse() - before
+		b.ReportMetric(float64(held)/(1<<20), "heap-MiB")
+		b.ReportMetric(rssMiB(), "process-RSS-MiB")
+		b.ReportMetric(syncTime.Seconds(), "sync-s")
+		cancel()
+	}
+}

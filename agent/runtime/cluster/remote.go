@@ -1,0 +1,347 @@
+package cluster
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
+)
+
+// Remotes runs one read-only watcher per remote cluster while this node
+// leads its segment. A watcher keeps the last known state through API
+// outages and credential rotations: nothing is forgotten because a remote
+// API server is briefly unreachable.
+type Remotes struct {
+	Notify func(seen time.Time)
+	Log    *slog.Logger
+	// Metrics may be nil.
+	Metrics *metrics.Agent
+	// ProbeInterval is how often a remote API server's /readyz is checked.
+	ProbeInterval time.Duration
+
+	mu       sync.Mutex
+	ctx      context.Context
+	watchers map[string]*remote
+}
+
+// Secrets returns a Secret's key from the local namespace.
+type Secrets func(name, key string) ([]byte, bool)
+
+// Start sets the context that bounds every watcher.
+func (rs *Remotes) Start(ctx context.Context) {
+	rs.mu.Lock()
+	rs.ctx = ctx
+	rs.watchers = map[string]*remote{}
+	rs.mu.Unlock()
+}
+
+// Sync starts, restarts (rotated kubeconfig) and stops watchers to match
+// the remote clusters of the accepted ClusterMeshes, or stops all of them
+// when this node does not lead. It is cheap when nothing changed, so the
+// loop calls it on every plan.
+func (rs *Remotes) Sync(leader bool, kcs []clustermesh.Kubeconfig, secrets Secrets) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.ctx == nil {
+		return
+	}
+	want := map[string][]byte{}
+	if leader {
+		for _, k := range kcs {
+			if _, dup := want[k.Cluster]; dup {
+				continue // the same cluster in two meshes: one watcher
+			}
+			data, ok := secrets(k.Name, k.Key)
+			if !ok {
+				rs.log().Warn("kubeconfig secret missing", "cluster", k.Cluster, "secret", k.Namespace+"/"+k.Name, "key", k.Key)
+				want[k.Cluster] = nil
+				continue
+			}
+			want[k.Cluster] = data
+		}
+	}
+	for name, w := range rs.watchers {
+		if _, ok := want[name]; !ok {
+			rs.log().Info("stopping remote watcher", "cluster", name, "leader", leader)
+			w.stop()
+			delete(rs.watchers, name)
+			rs.forgetMetrics(name)
+		}
+	}
+	for name, data := range want {
+		w := rs.watchers[name]
+		if w == nil {
+			w = &remote{name: name, rs: rs, objs: newObjects(name)}
+			rs.watchers[name] = w
+		}
+		if data == nil {
+			continue // keep what we have until the Secret exists again
+		}
+		if h := sha256.Sum256(data); h != w.hash {
+			if w.hash != ([32]byte{}) {
+				rs.log().Info("kubeconfig changed: reconnecting", "cluster", name)
+			}
+			w.hash = h
+			w.connect(rs.ctx, data)
+		}
+	}
+}
+
+func (rs *Remotes) log() *slog.Logger {
+	if rs.Log == nil {
+		return slog.Default()
+	}
+	return rs.Log
+}
+
+func (rs *Remotes) forgetMetrics(name string) {
+	if rs.Metrics != nil {
+		rs.Metrics.RemoteClusterReady.DeleteLabelValues(name)
+		rs.Metrics.RemoteClusterNodes.DeleteLabelValues(name)
+	}
+}
+
+func (rs *Remotes) notify() {
+	if rs.Notify != nil {
+		rs.Notify(time.Now())
+	}
+}
+
+// State returns every remote cluster's converted objects, sorted by name.
+func (rs *Remotes) State() ([]topology.RemoteCluster, []topology.Rejection) {
+	rs.mu.Lock()
+	ws := make([]*remote, 0, len(rs.watchers))
+	for _, w := range rs.watchers {
+		ws = append(ws, w)
+	}
+	rs.mu.Unlock()
+	sort.Slice(ws, func(i, j int) bool { return ws[i].name < ws[j].name })
+	var out []topology.RemoteCluster
+	var rejs []topology.Rejection
+	for _, w := range ws {
+		rc, r := w.state()
+		out = append(out, rc)
+		rejs = append(rejs, r...)
+	}
+	return out, rejs
+}
+
+// Ready reports, per watched cluster, whether its API is reachable and
+// synced.
+func (rs *Remotes) Ready() map[string]bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	out := map[string]bool{}
+	for name, w := range rs.watchers {
+		w.mu.Lock()
+		out[name] = w.ready && w.synced
+		w.mu.Unlock()
+	}
+	return out
+}
+
+// remote is the watcher of one remote cluster. Its state outlives
+// connections: a new connection (rotated kubeconfig) writes into the same
+// maps and prunes what vanished once it has synced.
+type remote struct {
+	name string
+	rs   *Remotes
+	hash [32]byte
+
+	mu         sync.Mutex
+	cancel     context.CancelFunc
+	gen        int
+	objs       objects
+	synced     bool      // listed once (ever)
+	ready      bool      // last probe succeeded
+	lastReady  time.Time // last time the API answered
+	connectErr error
+}
+
+func (w *remote) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cancel != nil {
+		w.cancel()
+		w.cancel = nil
+	}
+}
+
+// connect starts a new connection with a kubeconfig, replacing the old one.
+func (w *remote) connect(parent context.Context, kubeconfig []byte) {
+	w.stop()
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err == nil {
+		cfg.UserAgent = "meshlet-remote"
+		cfg.Timeout = 15 * time.Second
+	}
+	var client kubernetes.Interface
+	var rc rest.Interface
+	if err == nil {
+		client, err = kubernetes.NewForConfig(cfg)
+	}
+	if err == nil {
+		rc, err = kiloClient(cfg)
+	}
+	w.mu.Lock()
+	w.connectErr = err
+	w.gen++
+	gen := w.gen
+	w.mu.Unlock()
+	if err != nil {
+		w.rs.log().Error("remote kubeconfig unusable", "cluster", w.name, "err", err)
+		w.setReady(false)
+		return
+	}
+	ctx, cancel := context.WithCancel(parent)
+	w.mu.Lock()
+	w.cancel = cancel
+	w.mu.Unlock()
+
+	nf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(kilo.TransformNode))
+	nodeInf := nf.Core().V1().Nodes().Informer()
+	peerInf := crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	_, _ = nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		changed := gen == w.gen && w.objs.setNode(n, deleted, time.Now())
+		w.mu.Unlock()
+		if changed {
+			w.rs.notify()
+		}
+	}))
+	_, _ = peerInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
+		p, ok := obj.(*kilo.Peer)
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		if gen == w.gen {
+			w.objs.setPeer(p, deleted)
+		}
+		w.mu.Unlock()
+		w.rs.notify()
+	}))
+	// A watch failing (API down, credentials revoked) marks the cluster not
+	// ready at once; the reflector retries with backoff by itself.
+	for _, inf := range []cache.SharedIndexInformer{nodeInf, peerInf} {
+		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			w.rs.log().Warn("remote watch failed", "cluster", w.name, "err", err)
+			w.setReady(false)
+		})
+	}
+	go nodeInf.Run(ctx.Done())
+	go peerInf.Run(ctx.Done())
+	go func() {
+		// Nodes are required; a cluster without Kilo's Peer CRD still meshes.
+		if !cache.WaitForCacheSync(ctx.Done(), nodeInf.HasSynced) {
+			return
+		}
+		w.mu.Lock()
+		if gen == w.gen {
+			w.prune(nodeInf.GetStore(), peerInf)
+			w.synced = true
+		}
+		w.mu.Unlock()
+		w.setReady(true)
+		w.rs.log().Info("remote cluster synced", "cluster", w.name, "nodes", len(nodeInf.GetStore().ListKeys()))
+	}()
+	go w.probe(ctx, client)
+}
+
+// prune drops objects the new connection does not know (deleted while the
+// previous connection was down or being replaced).
+func (w *remote) prune(nodes cache.Store, peerInf cache.SharedIndexInformer) {
+	retain(w.objs.nodes, nodes.ListKeys())
+	if peerInf.HasSynced() {
+		retain(w.objs.peers, peerInf.GetStore().ListKeys())
+	}
+}
+
+// probe asks the remote API server's /readyz periodically: a watch that
+// is merely quiet is not an error, an unreachable server is.
+func (w *remote) probe(ctx context.Context, client kubernetes.Interface) {
+	interval := w.rs.ProbeInterval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, interval)
+		err := client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error()
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		w.mu.Lock()
+		synced := w.synced
+		w.mu.Unlock()
+		w.setReady(err == nil && synced)
+	}
+}
+
+func (w *remote) setReady(ok bool) {
+	w.mu.Lock()
+	changed := w.ready != ok
+	w.ready = ok
+	if ok {
+		w.lastReady = time.Now()
+	}
+	n := len(w.objs.nodes)
+	w.mu.Unlock()
+	if m := w.rs.Metrics; m != nil {
+		v := 0.0
+		if ok {
+			v = 1
+		}
+		m.RemoteClusterReady.WithLabelValues(w.name).Set(v)
+		m.RemoteClusterNodes.WithLabelValues(w.name).Set(float64(n))
+	}
+	if changed {
+		w.rs.log().Info("remote cluster readiness", "cluster", w.name, "ready", ok)
+		w.rs.notify()
+	}
+}
+
+func (w *remote) state() (topology.RemoteCluster, []topology.Rejection) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rc := topology.RemoteCluster{Name: w.name, Synced: w.synced}
+	if !w.ready {
+		// Freeze time for this cluster: last-seen ages stop growing while
+		// its API is unreachable, so no remote leader is dropped for it.
+		rc.ObservedAt = w.lastReady
+	}
+	var rejs []topology.Rejection
+	rc.Nodes, rc.Peers, rejs = w.objs.state()
+	if w.connectErr != nil {
+		rejs = append(rejs, topology.Rejection{Object: topology.ObjectRef{Kind: "Secret", Cluster: w.name, Name: "kubeconfig"},
+			Reason: topology.ReasonInvalidClusterMesh, Message: fmt.Sprintf("kubeconfig unusable: %v", w.connectErr)})
+	}
+	return rc, rejs
+}

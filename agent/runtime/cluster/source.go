@@ -1,0 +1,132 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// Source assembles the planner's snapshot from the local and remote
+// watchers, and starts or stops remote watchers as this node's role
+// changes.
+type Source struct {
+	Local       *Local
+	Remotes     *Remotes
+	ClusterName string
+
+	mu   sync.Mutex
+	mesh clustermesh.Result
+}
+
+// Synced reports whether the local caches listed once.
+func (s *Source) Synced() bool { return s.Local.Synced() }
+
+// Snapshot implements reconcile.Snapshotter.
+func (s *Source) Snapshot() topology.Snapshot {
+	st := s.Local.State(s.ClusterName)
+	s.mu.Lock()
+	s.mesh = st.Mesh
+	s.mu.Unlock()
+	snap := topology.Snapshot{Nodes: st.Nodes, Peers: st.Peers, Meshes: st.Mesh.Meshes, Rejections: st.Rejections}
+	if s.Remotes != nil {
+		rcs, rejs := s.Remotes.State()
+		snap.Remotes = rcs
+		snap.Rejections = append(snap.Rejections, rejs...)
+	}
+	return snap
+}
+
+// OnPlan starts remote watchers on a leader and stops them otherwise.
+func (s *Source) OnPlan(plan topology.Plan) {
+	if s.Remotes == nil {
+		return
+	}
+	s.mu.Lock()
+	kcs := s.mesh.Kubeconfigs
+	s.mu.Unlock()
+	s.Remotes.Sync(plan.Leader, kcs, s.Local.SecretData)
+}
+
+// MeshOf resolves the ClusterMesh that declares a remote cluster.
+func (s *Source) MeshOf(cluster string) (string, string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return MeshOf(s.mesh, cluster)
+}
+
+// Publisher writes this node's Kilo annotations with a merge patch of the
+// values that differ. last-seen alone is refreshed only when it is older
+// than Heartbeat, so a quiet cluster sees one patch per node every ~30 s,
+// as with kg.
+type Publisher struct {
+	Client    kubernetes.Interface
+	Local     *Local
+	Node      string
+	Heartbeat time.Duration
+	Now       func() time.Time
+}
+
+// Publish implements reconcile.Publisher.
+func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, error) {
+	now := time.Now
+	if p.Now != nil {
+		now = p.Now
+	}
+	hb := p.Heartbeat
+	if hb <= 0 {
+		hb = 25 * time.Second
+	}
+	cur := p.Local.SelfNode()
+	if cur == nil {
+		return false, fmt.Errorf("node %s not found in the local cluster", p.Node)
+	}
+	diff := AnnotationDiff(cur, want, now(), hb)
+	if len(diff) == 0 {
+		return false, nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": diff}})
+	if err != nil {
+		return false, fmt.Errorf("encoding annotation patch: %w", err)
+	}
+	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return false, fmt.Errorf("patching node %s: %w", p.Node, err)
+	}
+	return true, nil
+}
+
+// AnnotationDiff returns the annotations to patch: every value that
+// differs, plus last-seen when anything is patched or the published one is
+// older than heartbeat.
+func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, heartbeat time.Duration) map[string]string {
+	have := cur.Annotations
+	diff := map[string]string{}
+	for k, v := range want {
+		if k == topology.AnnotationLastSeen {
+			continue
+		}
+		if old, ok := have[k]; !ok || old != v {
+			diff[k] = v
+		}
+	}
+	stale := true
+	if s, ok := have[topology.AnnotationLastSeen]; ok {
+		if sec, err := strconv.ParseInt(s, 10, 64); err == nil && now.Sub(time.Unix(sec, 0)) < heartbeat {
+			stale = false
+		}
+	}
+	if ls, ok := want[topology.AnnotationLastSeen]; ok && (stale || len(diff) > 0) {
+		diff[topology.AnnotationLastSeen] = ls
+	}
+	return diff
+}

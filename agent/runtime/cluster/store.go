@@ -1,0 +1,114 @@
+package cluster
+
+import (
+	"reflect"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// objects holds one cluster's Nodes and Peers converted for the planner.
+// Objects are converted once, when they change, so a snapshot costs a copy
+// rather than a conversion of every object. The caller locks.
+type objects struct {
+	cluster string // "" = local
+	nodes   map[string]kilo.NodeResult
+	peers   map[string]convertedPeer
+}
+
+type convertedPeer struct {
+	peer       topology.Peer
+	ok         bool
+	rejections []topology.Rejection
+}
+
+func newObjects(cluster string) objects {
+	return objects{cluster: cluster, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}}
+}
+
+// setNode stores a Node and reports whether the planner could see a
+// difference. Every agent refreshes its last-seen every ~30 s, so with
+// 10,000 remote Nodes most events change nothing else; those do not wake the
+// loop. A last-seen that was old enough for the node to have dropped out of
+// the mesh does wake it (the node is back); a node going stale is noticed by
+// the loop's heartbeat.
+func (o *objects) setNode(n *corev1.Node, deleted bool, now time.Time) bool {
+	if deleted {
+		delete(o.nodes, n.Name)
+		return true
+	}
+	r := kilo.ConvertNode(n, o.cluster)
+	old, ok := o.nodes[n.Name]
+	o.nodes[n.Name] = r
+	if !ok || now.Sub(old.Node.LastSeen) > staleAfter {
+		return true
+	}
+	a, b := old, r
+	a.Node.LastSeen, b.Node.LastSeen = time.Time{}, time.Time{}
+	return !reflect.DeepEqual(a, b)
+}
+
+// staleAfter is a little under Kilo's 60 s readiness window.
+const staleAfter = 45 * time.Second
+
+func (o *objects) setPeer(p *kilo.Peer, deleted bool) {
+	if deleted {
+		delete(o.peers, p.Name)
+		return
+	}
+	tp, rejs, ok := kilo.PeerToTopology(p, o.cluster)
+	if old, had := o.peers[p.Name]; !ok && had && old.ok {
+		// An edit that fails validation keeps the last valid version in
+		// force (its session too) while the rejection is reported.
+		o.peers[p.Name] = convertedPeer{peer: old.peer, ok: true, rejections: rejs}
+		return
+	}
+	o.peers[p.Name] = convertedPeer{peer: tp, ok: ok, rejections: rejs}
+}
+
+// retain drops the objects not named in keep (after a relist).
+func retain[V any](m map[string]V, keep []string) {
+	have := make(map[string]bool, len(keep))
+	for _, k := range keep {
+		have[k] = true
+	}
+	for k := range m {
+		if !have[k] {
+			delete(m, k)
+		}
+	}
+}
+
+// state returns the converted objects sorted by name, and the rejections
+// met while converting them.
+func (o *objects) state() ([]topology.Node, []topology.Peer, []topology.Rejection) {
+	nodes := make([]topology.Node, 0, len(o.nodes))
+	var rejs []topology.Rejection
+	for _, name := range sortedKeys(o.nodes) {
+		r := o.nodes[name]
+		nodes = append(nodes, r.Node)
+		rejs = append(rejs, r.Rejections...)
+	}
+	var peers []topology.Peer
+	for _, name := range sortedKeys(o.peers) {
+		p := o.peers[name]
+		if p.ok {
+			peers = append(peers, p.peer)
+		}
+		rejs = append(rejs, p.rejections...)
+	}
+	return nodes, peers, rejs
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,211 @@
+// Package config holds meshlet's command-line settings: the flags keep kg's
+// names and defaults where the meaning is the same, and Validate rejects
+// bad values at start with a message that names the flag.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// Config is the agent's configuration.
+type Config struct {
+	Hostname      string
+	Kubeconfig    string
+	Namespace     string
+	ClusterName   string
+	Interface     string
+	Port          int
+	Subnet        string
+	Granularity   string
+	TopologyLabel string
+	Local         bool
+	Compatibility string
+	Encapsulate   string
+	MTU           string
+	InternalCIDR  string
+	ServiceCIDRs  stringList
+	ResyncPeriod  time.Duration
+	Listen        string
+	WireGuard     string // kernel | userspace | auto
+	MetricsCompat string // "" | wireguard-exporter
+	KeyFile       string
+	LogLevel      string
+	// RepairSessions re-establishes half-dead sessions to kg-run peers
+	// (docs/kilo-compatibility.md#half-dead).
+	RepairSessions bool
+	// CleanUp is not a kg flag: meshlet never removes the data plane on exit.
+
+	parsed parsed
+}
+
+type parsed struct {
+	subnet   netip.Prefix
+	internal netip.Prefix
+	services []netip.Prefix
+	mtu      int
+}
+
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*s = append(*s, p)
+		}
+	}
+	return nil
+}
+
+// RegisterTopology registers the flags that shape the plan (shared by
+// `meshlet run` and `meshlet plan`). A caller that defines its own "local"
+// flag first (meshlet plan, where --local names a file) keeps it.
+func (c *Config) RegisterTopology(fs *flag.FlagSet) {
+	fs.StringVar(&c.Hostname, "hostname", "", "name of this node (default: $NODE_NAME, else the host name)")
+	fs.StringVar(&c.ClusterName, "cluster-name", "", "this cluster's name in ClusterMesh objects (default: the entry marked local)")
+	fs.StringVar(&c.Interface, "interface", "kilo0", "name of the WireGuard interface")
+	fs.IntVar(&c.Port, "port", 51820, "WireGuard listen port")
+	fs.StringVar(&c.Subnet, "subnet", "10.4.0.0/16", "CIDR from which segment leaders get their WireGuard IPs")
+	fs.StringVar(&c.Granularity, "mesh-granularity", "location", "location, full or cross")
+	fs.StringVar(&c.TopologyLabel, "topology-label", "topology.kubernetes.io/region", "node label that names a node's location")
+	if fs.Lookup("local") == nil {
+		fs.BoolVar(&c.Local, "local", true, "route traffic inside a location (false when the CNI does it, e.g. Cilium)")
+	}
+	fs.StringVar(&c.Compatibility, "compatibility", "", `CNI compatibility: "" or cilium`)
+	fs.StringVar(&c.Encapsulate, "encapsulate", "always", "IPIP encapsulation inside a location: never, crosssubnet or always")
+	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface: a number or auto (underlay MTU − 80)")
+	fs.StringVar(&c.InternalCIDR, "internal-cidr", "", "this node's private IP as a CIDR (default: the address of the default route's interface)")
+	fs.Var(&c.ServiceCIDRs, "service-cidr", "service CIDR, not masqueraded (repeatable or comma-separated)")
+}
+
+// RegisterAgent registers the flags only the agent uses.
+func (c *Config) RegisterAgent(fs *flag.FlagSet) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster)")
+	fs.StringVar(&c.Namespace, "namespace", "kilo-system", "namespace of ClusterMesh objects and their Secrets")
+	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
+	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&c.WireGuard, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
+	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
+	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
+}
+
+// Validate checks every flag and returns all problems at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(flag, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
+	}
+	if c.Interface == "" || len(c.Interface) > 15 || strings.ContainsAny(c.Interface, "/ ") {
+		bad("interface", "%q is not a valid interface name", c.Interface)
+	}
+	if c.Port < 1 || c.Port > 65535 {
+		bad("port", "%d is outside 1–65535", c.Port)
+	}
+	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		bad("subnet", "%q must be an IPv4 CIDR of /30 or larger", c.Subnet)
+	} else {
+		c.parsed.subnet = p.Masked()
+	}
+	switch topology.Granularity(c.Granularity) {
+	case topology.GranularityLocation, topology.GranularityFull, topology.GranularityCross:
+	default:
+		bad("mesh-granularity", "%q must be location, full or cross", c.Granularity)
+	}
+	switch topology.Compatibility(c.Compatibility) {
+	case topology.CompatibilityNone, topology.CompatibilityCilium:
+	default:
+		bad("compatibility", `%q must be "" or cilium`, c.Compatibility)
+	}
+	switch topology.Encapsulate(c.Encapsulate) {
+	case topology.EncapsulateNever, topology.EncapsulateCrossSubnet, topology.EncapsulateAlways:
+	default:
+		bad("encapsulate", "%q must be never, crosssubnet or always", c.Encapsulate)
+	}
+	if c.MTU != "auto" {
+		n, err := strconv.Atoi(c.MTU)
+		if err != nil || n < 1280 || n > 65535 {
+			bad("mtu", "%q must be auto or a number in 1280–65535", c.MTU)
+		}
+		c.parsed.mtu = n
+	}
+	if c.InternalCIDR != "" {
+		p, err := netip.ParsePrefix(c.InternalCIDR)
+		if err != nil {
+			bad("internal-cidr", "%q is not a CIDR", c.InternalCIDR)
+		}
+		c.parsed.internal = p
+	}
+	c.parsed.services = nil
+	for _, s := range c.ServiceCIDRs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			bad("service-cidr", "%q is not a CIDR", s)
+			continue
+		}
+		c.parsed.services = append(c.parsed.services, p.Masked())
+	}
+	if c.ClusterName != "" && !isDNSLabel(c.ClusterName) {
+		bad("cluster-name", "%q is not a DNS label", c.ClusterName)
+	}
+	if c.ResyncPeriod != 0 && c.ResyncPeriod < time.Second {
+		bad("resync-period", "%v is below 1s", c.ResyncPeriod)
+	}
+	switch c.WireGuard {
+	case "", "kernel", "userspace", "auto":
+	default:
+		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuard)
+	}
+	switch c.MetricsCompat {
+	case "", "wireguard-exporter":
+	default:
+		bad("metrics-compat", `%q must be "" or wireguard-exporter`, c.MetricsCompat)
+	}
+	switch c.LogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		bad("log-level", "%q must be debug, info, warn or error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Settings returns the planner's settings. Call Validate first.
+func (c *Config) Settings() topology.Settings {
+	return topology.Settings{
+		Interface:     c.Interface,
+		Granularity:   topology.Granularity(c.Granularity),
+		Subnet:        c.parsed.subnet,
+		Port:          c.Port,
+		Encapsulate:   topology.Encapsulate(c.Encapsulate),
+		Local:         c.Local,
+		Compatibility: topology.Compatibility(c.Compatibility),
+		TopologyLabel: c.TopologyLabel,
+		ServiceCIDRs:  c.parsed.services,
+		ClusterName:   c.ClusterName,
+		MTU:           c.parsed.mtu,
+	}
+}
+
+// InternalPrefix returns --internal-cidr parsed (zero when unset).
+func (c *Config) InternalPrefix() netip.Prefix { return c.parsed.internal }

@@ -1,0 +1,179 @@
+// Package runner assembles meshlet's agent: watchers, the reconcile loop,
+// events, metrics and the HTTP endpoints, around a data plane that the
+// caller provides (the real wg/ and netlinkx/ in `meshlet run`, fakes in the
+// integration tests against real API servers).
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
+	"github.com/meshlet/meshlet/agent/runtime/config"
+	"github.com/meshlet/meshlet/agent/runtime/events"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
+	"github.com/meshlet/meshlet/agent/runtime/reconcile"
+)
+
+// Heartbeat: the loop runs at least this often so that last-seen (Kilo's
+// 60 s readiness window) stays fresh whatever --resync-period says.
+const Heartbeat = 10 * time.Second
+
+// WireGuard is the device actuator and its stats.
+type WireGuard interface {
+	reconcile.WireGuard
+	metrics.StatsSource
+}
+
+// Options are the agent's parts.
+type Options struct {
+	Config     config.Config // validated
+	Node       string
+	RestConfig *rest.Config
+	WireGuard  WireGuard
+	Host       reconcile.Host
+	Self       reconcile.SelfSource
+	// HostEvents signals changes under meshlet's feet (deleted route, kilo0
+	// down); nil when the host cannot watch.
+	HostEvents <-chan struct{}
+	Registry   *prometheus.Registry
+	Log        *slog.Logger
+	// RemoteProbe is how often remote API servers are probed (default 5 s).
+	RemoteProbe time.Duration
+}
+
+// Agent is a running meshlet.
+type Agent struct {
+	opts    Options
+	Loop    *reconcile.Loop
+	Local   *cluster.Local
+	Remotes *cluster.Remotes
+	Metrics *metrics.Agent
+	Sink    *events.Sink
+	client  kubernetes.Interface
+}
+
+// New assembles the agent.
+func New(o Options) (*Agent, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	client, err := kubernetes.NewForConfig(o.RestConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	am := metrics.NewAgent(o.Registry)
+	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, o.Config.MetricsCompat == "wireguard-exporter", nil)
+	o.Registry.MustRegister(collector)
+
+	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Metrics: am, Log: o.Log, Resync: o.Config.ResyncPeriod}
+	local, err := cluster.NewLocal(cluster.LocalOptions{Config: o.RestConfig, Client: client, Namespace: o.Config.Namespace,
+		Node: o.Node, Notify: loop.Notify, Log: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	remotes := &cluster.Remotes{Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe}
+	source := &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
+	sink := &events.Sink{Client: client, Node: o.Node, Metrics: am, Log: o.Log, Meshes: source.MeshOf}
+	loop.Snapshots = source
+	loop.Self = o.Self
+	loop.WireGuard = o.WireGuard
+	loop.Host = o.Host
+	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
+	loop.Rejections = sink
+	loop.OnPlan = func(p topology.Plan) {
+		source.OnPlan(p)
+		collector.SetPeers(p.WireGuard.Peers)
+	}
+	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, Sink: sink, client: client}, nil
+}
+
+// SelfAnnotations returns this node's annotations as last seen (for
+// force-endpoint).
+func (a *Agent) SelfAnnotations() map[string]string {
+	if n := a.Local.SelfNode(); n != nil {
+		return n.Annotations
+	}
+	return nil
+}
+
+// Run runs the agent until ctx ends. The data plane is left in place.
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.Remotes.Start(ctx)
+	a.Local.Start(ctx)
+	go a.forward(ctx)
+	if !a.Local.WaitForSync(ctx) {
+		return ctx.Err()
+	}
+	a.opts.Log.Info("local caches synced", "node", a.opts.Node)
+	return a.Loop.Run(ctx)
+}
+
+// forward turns host events and the heartbeat into loop runs.
+func (a *Agent) forward(ctx context.Context) {
+	t := time.NewTicker(Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.opts.HostEvents:
+			a.Loop.Notify(time.Now())
+		case <-t.C:
+			a.Loop.Notify(time.Time{})
+		}
+	}
+}
+
+// Serve exposes /metrics, /healthz and /readyz on addr until ctx ends; it
+// returns the bound address (addr may use port 0).
+func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.opts.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.Loop.Ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			msg := a.Loop.LastError()
+			if msg == "" {
+				msg = "initial sync not done"
+			}
+			_, _ = w.Write([]byte(msg + "\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.opts.Log.Error("metrics server", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+		defer c()
+		_ = srv.Shutdown(sctx)
+	}()
+	return ln.Addr().String(), nil
+}
