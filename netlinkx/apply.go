@@ -7,36 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
-
-// Spec is the host network state a plan asks for.
-type Spec struct {
-	Link     LinkSpec
-	Tunnel   topology.Tunnel
-	Routes   []topology.Route
-	Rules    []topology.Rule
-	Firewall Firewall
-}
-
-// SpecFromPlan extracts the host part of a plan. underlay is the interface
-// auto MTU derives from (Self.PrivateInterface; "" = default route's).
-func SpecFromPlan(p topology.Plan, underlay string) Spec {
-	return Spec{
-		Link: LinkSpec{
-			Name:      p.WireGuard.Interface,
-			MTU:       p.WireGuard.MTU,
-			Underlay:  underlay,
-			Up:        p.WireGuard.Up,
-			Addresses: p.WireGuard.Addresses,
-		},
-		Tunnel:   p.Tunnel,
-		Routes:   p.Routes,
-		Rules:    p.Rules,
-		Firewall: Firewall{NAT: p.NAT},
-	}
-}
 
 // Report says what Apply changed.
 type Report struct {
@@ -48,21 +19,29 @@ type Report struct {
 	Firewall FirewallReport `json:"firewall"`
 }
 
+// Counts is how many objects the apply changed, by kind (route, rule,
+// address, iptables, sysctl, link), in the form every actuator reports
+// (meshlet_dataplane_changes_total).
+func (r Report) Counts() map[string]int {
+	c := map[string]int{
+		"route":    len(r.Routes.Replaced) + len(r.Routes.Deleted),
+		"rule":     len(r.Rules.Added) + len(r.Rules.Deleted),
+		"address":  len(r.Link.AddedAddrs) + len(r.Link.RemovedAddrs),
+		"iptables": len(r.Firewall.Changes),
+		"sysctl":   len(r.Sysctls),
+	}
+	if r.Link.MTUChanged || r.Link.StateChanged {
+		c["link"] = 1
+	}
+	return c
+}
+
 // Changed reports whether anything was changed.
 func (r Report) Changed() bool {
 	return r.Link.MTUChanged || r.Link.StateChanged || len(r.Link.AddedAddrs)+len(r.Link.RemovedAddrs) > 0 ||
 		len(r.Sysctls) > 0 || len(r.Routes.Replaced)+len(r.Routes.Deleted) > 0 ||
 		len(r.Rules.Added)+len(r.Rules.Deleted) > 0 || len(r.Firewall.Changes) > 0
 }
-
-// Actuator is what the agent's loop needs; a fake can stand in for it.
-type Actuator interface {
-	Apply(ctx context.Context, spec Spec) (Report, error)
-	Cleanup(ctx context.Context, opts CleanupOptions) error
-	Watch(ctx context.Context, iface string) (<-chan struct{}, error)
-}
-
-var _ Actuator = (*Host)(nil)
 
 // Apply reconciles the host with spec: tunnel, link, sysctls, routes, rules,
 // firewall, in that order (routes need their devices up and addressed). A

@@ -11,8 +11,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 func pfx(ss ...string) []netip.Prefix {
@@ -56,8 +54,8 @@ func TestDiffAddrs(t *testing.T) {
 	}
 }
 
-func rs(table int, dst, gw string, link int, src string, onlink bool) RouteSpec {
-	r := RouteSpec{Table: table, Dst: netip.MustParsePrefix(dst), LinkIndex: link, OnLink: onlink}
+func rs(table int, dst, gw string, link int, src string, onlink bool) kernelRoute {
+	r := kernelRoute{Table: table, Dst: netip.MustParsePrefix(dst), LinkIndex: link, OnLink: onlink}
 	if gw != "" {
 		r.Gw = netip.MustParseAddr(gw)
 	}
@@ -73,24 +71,24 @@ func TestDiffRoutes(t *testing.T) {
 	b1107 := rs(1107, "10.3.0.0/24", "", 5, "", false)
 	tests := []struct {
 		name              string
-		desired, current  []RouteSpec
-		wantRepl, wantDel []RouteSpec
+		desired, current  []kernelRoute
+		wantRepl, wantDel []kernelRoute
 	}{
-		{"all new", []RouteSpec{a, b}, nil, []RouteSpec{a, b}, nil},
-		{"in sync", []RouteSpec{a, b}, []RouteSpec{b, a}, nil, nil},
-		{"stale removed", []RouteSpec{a}, []RouteSpec{a, b}, nil, []RouteSpec{b}},
-		{"same dst other table is another route", []RouteSpec{b, b1107}, []RouteSpec{b}, []RouteSpec{b1107}, nil},
-		{"gateway changed", []RouteSpec{rs(254, "10.2.0.0/24", "10.4.0.9", 5, "", true)}, []RouteSpec{a},
-			[]RouteSpec{rs(254, "10.2.0.0/24", "10.4.0.9", 5, "", true)}, nil},
-		{"onlink changed", []RouteSpec{rs(254, "10.2.0.0/24", "10.4.0.1", 5, "", false)}, []RouteSpec{a},
-			[]RouteSpec{rs(254, "10.2.0.0/24", "10.4.0.1", 5, "", false)}, nil},
-		{"src changed", []RouteSpec{rs(254, "10.3.0.0/24", "", 5, "", false)}, []RouteSpec{b},
-			[]RouteSpec{rs(254, "10.3.0.0/24", "", 5, "", false)}, nil},
-		{"everything removed", nil, []RouteSpec{a, b}, nil, []RouteSpec{a, b}},
+		{"all new", []kernelRoute{a, b}, nil, []kernelRoute{a, b}, nil},
+		{"in sync", []kernelRoute{a, b}, []kernelRoute{b, a}, nil, nil},
+		{"stale removed", []kernelRoute{a}, []kernelRoute{a, b}, nil, []kernelRoute{b}},
+		{"same dst other table is another route", []kernelRoute{b, b1107}, []kernelRoute{b}, []kernelRoute{b1107}, nil},
+		{"gateway changed", []kernelRoute{rs(254, "10.2.0.0/24", "10.4.0.9", 5, "", true)}, []kernelRoute{a},
+			[]kernelRoute{rs(254, "10.2.0.0/24", "10.4.0.9", 5, "", true)}, nil},
+		{"onlink changed", []kernelRoute{rs(254, "10.2.0.0/24", "10.4.0.1", 5, "", false)}, []kernelRoute{a},
+			[]kernelRoute{rs(254, "10.2.0.0/24", "10.4.0.1", 5, "", false)}, nil},
+		{"src changed", []kernelRoute{rs(254, "10.3.0.0/24", "", 5, "", false)}, []kernelRoute{b},
+			[]kernelRoute{rs(254, "10.3.0.0/24", "", 5, "", false)}, nil},
+		{"everything removed", nil, []kernelRoute{a, b}, nil, []kernelRoute{a, b}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			repl, del := DiffRoutes(tt.desired, tt.current)
+			repl, del := diffRoutes(tt.desired, tt.current)
 			if !reflect.DeepEqual(repl, tt.wantRepl) || !reflect.DeepEqual(del, tt.wantDel) {
 				t.Errorf("replace=%v delete=%v\nwant replace=%v delete=%v", repl, del, tt.wantRepl, tt.wantDel)
 			}
@@ -99,7 +97,7 @@ func TestDiffRoutes(t *testing.T) {
 }
 
 func TestRouteConversionRoundTrip(t *testing.T) {
-	for _, s := range []RouteSpec{
+	for _, s := range []kernelRoute{
 		rs(254, "10.2.0.0/24", "10.4.0.1", 5, "", true),
 		rs(1107, "10.3.0.0/24", "", 7, "10.4.0.2", false),
 		rs(254, "fd00:1::/64", "", 7, "", false),
@@ -123,29 +121,29 @@ func TestRouteConversionRoundTrip(t *testing.T) {
 }
 
 func TestDiffRules(t *testing.T) {
-	r1 := RuleSpecFromTopology(topology.Rule{Src: netip.MustParsePrefix("10.2.0.0/24"), Table: 1107})
-	r2 := RuleSpecFromTopology(topology.Rule{Iif: "kilo0", Table: 1107})
-	r6 := RuleSpecFromTopology(topology.Rule{Dst: netip.MustParsePrefix("fd00::/64"), Table: 1107})
+	r1 := kernelRuleOf(Rule{Src: netip.MustParsePrefix("10.2.0.0/24"), Table: 1107})
+	r2 := kernelRuleOf(Rule{Iif: "kilo0", Table: 1107})
+	r6 := kernelRuleOf(Rule{Dst: netip.MustParsePrefix("fd00::/64"), Table: 1107})
 	if r2.Family != unix.AF_INET || r6.Family != unix.AF_INET6 || r1.Table != 1107 {
 		t.Fatalf("families/table wrong: %+v %+v %+v", r1, r2, r6)
 	}
-	if RuleSpecFromTopology(topology.Rule{Src: netip.MustParsePrefix("10.2.0.0/24")}).Table != unix.RT_TABLE_MAIN {
+	if kernelRuleOf(Rule{Src: netip.MustParsePrefix("10.2.0.0/24")}).Table != unix.RT_TABLE_MAIN {
 		t.Error("table 0 must mean main")
 	}
 	tests := []struct {
 		name             string
-		desired, current []RuleSpec
-		wantAdd, wantDel []RuleSpec
+		desired, current []kernelRule
+		wantAdd, wantDel []kernelRule
 	}{
-		{"add", []RuleSpec{r1, r2}, nil, []RuleSpec{r1, r2}, nil},
-		{"in sync", []RuleSpec{r1, r2, r6}, []RuleSpec{r6, r2, r1}, nil, nil},
-		{"stale", []RuleSpec{r1}, []RuleSpec{r1, r2}, nil, []RuleSpec{r2}},
-		{"duplicate on host removed once", []RuleSpec{r1}, []RuleSpec{r1, r1}, nil, []RuleSpec{r1}},
-		{"duplicate desired added once", []RuleSpec{r1, r1}, nil, []RuleSpec{r1}, nil},
+		{"add", []kernelRule{r1, r2}, nil, []kernelRule{r1, r2}, nil},
+		{"in sync", []kernelRule{r1, r2, r6}, []kernelRule{r6, r2, r1}, nil, nil},
+		{"stale", []kernelRule{r1}, []kernelRule{r1, r2}, nil, []kernelRule{r2}},
+		{"duplicate on host removed once", []kernelRule{r1}, []kernelRule{r1, r1}, nil, []kernelRule{r1}},
+		{"duplicate desired added once", []kernelRule{r1, r1}, nil, []kernelRule{r1}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			add, del := DiffRules(tt.desired, tt.current)
+			add, del := diffRules(tt.desired, tt.current)
 			if !reflect.DeepEqual(add, tt.wantAdd) || !reflect.DeepEqual(del, tt.wantDel) {
 				t.Errorf("add=%v del=%v, want add=%v del=%v", add, del, tt.wantAdd, tt.wantDel)
 			}
@@ -155,7 +153,7 @@ func TestDiffRules(t *testing.T) {
 
 func TestDesiredChains(t *testing.T) {
 	fw := Firewall{
-		NAT:     topology.NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Exceptions: pfx("10.0.0.0/8", "10.4.0.0/16", "fd00::/8")},
+		NAT:     NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Exceptions: pfx("10.0.0.0/8", "10.4.0.0/16", "fd00::/8")},
 		Forward: pfx("10.2.0.0/24"),
 	}
 	v4 := desiredChains(fw, ipv4)
@@ -175,7 +173,7 @@ func TestDesiredChains(t *testing.T) {
 		t.Errorf("IPv6: %+v", v6)
 	}
 	// No sources: no chain, no jumps, even with exceptions.
-	none := desiredChains(Firewall{NAT: topology.NAT{Exceptions: pfx("10.0.0.0/8")}}, ipv4)
+	none := desiredChains(Firewall{NAT: NAT{Exceptions: pfx("10.0.0.0/8")}}, ipv4)
 	if len(none[0].rules) != 0 || len(none[0].jumps) != 0 {
 		t.Errorf("no sources: %+v", none[0])
 	}
@@ -291,7 +289,7 @@ func (f *fakeIPT) DeleteById(t, c string, id int) error {
 
 func TestReconcileChain(t *testing.T) {
 	f := &fakeIPT{chains: map[string][]string{"nat/POSTROUTING": {"-s 172.17.0.0/16 ! -o docker0 -j MASQUERADE", "-s 10.9.0.0/24 -j MESHLET-NAT"}}}
-	spec := desiredChains(Firewall{NAT: topology.NAT{Sources: pfx("10.2.0.0/24"), Exceptions: pfx("10.4.0.0/16")}}, ipv4)[0]
+	spec := desiredChains(Firewall{NAT: NAT{Sources: pfx("10.2.0.0/24"), Exceptions: pfx("10.4.0.0/16")}}, ipv4)[0]
 	if _, err := reconcileChain(f, spec); err != nil {
 		t.Fatal(err)
 	}

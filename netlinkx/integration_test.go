@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 func requireRoot(t testing.TB) {
@@ -85,8 +83,8 @@ func (n *testNS) exec(t testing.TB, args ...string) string {
 	return run(t, append([]string{"ip", "netns", "exec", n.name}, args...)...)
 }
 
-func route(dst, gw, dev, src string, table int, onlink bool) topology.Route {
-	r := topology.Route{Dst: netip.MustParsePrefix(dst), Dev: dev, Table: table, OnLink: onlink}
+func route(dst, gw, dev, src string, table int, onlink bool) Route {
+	r := Route{Dst: netip.MustParsePrefix(dst), Dev: dev, Table: table, OnLink: onlink}
 	if gw != "" {
 		r.Gw = netip.MustParseAddr(gw)
 	}
@@ -99,18 +97,18 @@ func route(dst, gw, dev, src string, table int, onlink bool) topology.Route {
 func leaderSpec() Spec {
 	return Spec{
 		Link: LinkSpec{Name: "kilo0", Up: true, Addresses: pfx("10.4.0.1/16")},
-		Routes: []topology.Route{
+		Routes: []Route{
 			route("10.2.0.0/24", "10.4.0.2", "kilo0", "", 0, true),
 			route("10.3.0.0/24", "", "kilo0", "10.4.0.1", 0, false),
 			route("10.5.0.0/24", "", "kilo0", "", Table, false),
 			route("fd00:2::/64", "", "kilo0", "", 0, false),
 		},
-		Rules: []topology.Rule{
+		Rules: []Rule{
 			{Src: netip.MustParsePrefix("10.2.0.0/24"), Table: Table},
 			{Iif: "kilo0", Table: Table},
 		},
 		Firewall: Firewall{
-			NAT:     topology.NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Exceptions: pfx("10.0.0.0/8", "fd00::/8")},
+			NAT:     NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Exceptions: pfx("10.0.0.0/8", "fd00::/8")},
 			Forward: pfx("10.2.0.0/24"),
 		},
 	}
@@ -252,13 +250,13 @@ func TestTunnel(t *testing.T) {
 	if name, err := ns.host.FindTunnel(); err != nil || name != "" {
 		t.Fatalf("FindTunnel = %q, %v; want none in a fresh namespace", name, err)
 	}
-	if _, err := ns.host.EnsureTunnel(ctx, topology.Tunnel{Name: TunnelCilium}); err == nil {
+	if _, err := ns.host.EnsureTunnel(ctx, Tunnel{Name: TunnelCilium}); err == nil {
 		t.Error("missing cilium_tunl accepted")
 	}
-	if _, err := ns.host.EnsureTunnel(ctx, topology.Tunnel{Name: TunnelDefault}); err == nil {
+	if _, err := ns.host.EnsureTunnel(ctx, Tunnel{Name: TunnelDefault}); err == nil {
 		t.Error("missing tunl0 without Create accepted")
 	}
-	name, err := ns.host.EnsureTunnel(ctx, topology.Tunnel{Name: TunnelDefault, Create: true})
+	name, err := ns.host.EnsureTunnel(ctx, Tunnel{Name: TunnelDefault, Create: true})
 	if haveIPIP() {
 		if err != nil || name != TunnelDefault {
 			t.Fatalf("kernel has ipip but EnsureTunnel = %q, %v", name, err)
@@ -271,7 +269,7 @@ func TestTunnel(t *testing.T) {
 	t.Logf("expected error on this kernel: %v", err)
 	// Apply reports it and still does the rest.
 	spec := leaderSpec()
-	spec.Tunnel = topology.Tunnel{Name: TunnelDefault, Create: true}
+	spec.Tunnel = Tunnel{Name: TunnelDefault, Create: true}
 	rep, err := ns.host.Apply(ctx, spec)
 	if !errors.Is(err, ErrIPIPUnavailable) || len(rep.Routes.Replaced) != len(spec.Routes) {
 		t.Fatalf("Apply with impossible tunnel: err=%v, routes=%v", err, rep.Routes)
@@ -346,9 +344,9 @@ func BenchmarkReconcileRoutes(b *testing.B) {
 		b.Fatal(err)
 	}
 	const n = 5000
-	routes := make([]topology.Route, n)
+	routes := make([]Route, n)
 	for i := range routes {
-		routes[i] = topology.Route{Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100 + byte(i>>8), byte(i), 0}), 24), Dev: "kilo0"}
+		routes[i] = Route{Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100 + byte(i>>8), byte(i), 0}), 24), Dev: "kilo0"}
 	}
 	if rep, err := ns.host.ReconcileRoutes(ctx, routes); err != nil || len(rep.Replaced) != n {
 		b.Fatalf("initial: %d replaced, %v", len(rep.Replaced), err)
@@ -377,7 +375,7 @@ func BenchmarkReconcileRoutes(b *testing.B) {
 	// diff would.
 	b.Run("routes=5000/replace-all", func(b *testing.B) {
 		links := map[string]int{}
-		specs := make([]RouteSpec, len(routes))
+		specs := make([]kernelRoute, len(routes))
 		for i, r := range routes {
 			s, err := ns.host.routeSpec(r, links)
 			if err != nil {

@@ -9,8 +9,6 @@ import (
 	"strings"
 
 	"github.com/coreos/go-iptables/iptables"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // meshlet's iptables chains. They are owned entirely by meshlet; the only
@@ -45,7 +43,7 @@ type iptablesClient interface {
 
 // Firewall is the desired iptables state.
 type Firewall struct {
-	NAT topology.NAT
+	NAT NAT
 	// Forward lists prefixes whose traffic meshlet accepts in the FORWARD
 	// chain (for hosts whose FORWARD policy is DROP); empty = no
 	// MESHLET-FORWARD chain.

@@ -10,12 +10,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
-// RouteSpec is a route in comparable form: the fields meshlet sets.
-type RouteSpec struct {
+// kernelRoute is a route in comparable form: the fields meshlet sets.
+type kernelRoute struct {
 	Table     int // 254 = main
 	Dst       netip.Prefix
 	Gw        netip.Addr
@@ -29,9 +27,9 @@ type routeKey struct {
 	dst   netip.Prefix
 }
 
-func (r RouteSpec) key() routeKey { return routeKey{r.Table, r.Dst} }
+func (r kernelRoute) key() routeKey { return routeKey{r.Table, r.Dst} }
 
-func (r RouteSpec) String() string {
+func (r kernelRoute) String() string {
 	s := r.Dst.String()
 	if r.Gw.IsValid() {
 		s += " via " + r.Gw.String()
@@ -46,12 +44,12 @@ func (r RouteSpec) String() string {
 	return s + fmt.Sprintf(" table %d", r.Table)
 }
 
-// DiffRoutes returns the routes to replace (missing or different) and the
+// diffRoutes returns the routes to replace (missing or different) and the
 // meshlet routes to delete (no longer desired). current must hold only
 // meshlet's routes: a kg route to a desired destination is not in it, so the
 // desired route is "missing" and RouteReplace adopts the kg route.
-func DiffRoutes(desired, current []RouteSpec) (replace, del []RouteSpec) {
-	cur := make(map[routeKey]RouteSpec, len(current))
+func diffRoutes(desired, current []kernelRoute) (replace, del []kernelRoute) {
+	cur := make(map[routeKey]kernelRoute, len(current))
 	for _, c := range current {
 		cur[c.key()] = c
 	}
@@ -78,14 +76,14 @@ type RouteReport struct {
 
 // ReconcileRoutes makes meshlet's routes (all tables, IPv4 and IPv6) equal to
 // desired. Errors for single routes are collected; the others still apply.
-func (h *Host) ReconcileRoutes(ctx context.Context, desired []topology.Route) (RouteReport, error) {
+func (h *Host) ReconcileRoutes(ctx context.Context, desired []Route) (RouteReport, error) {
 	var rep RouteReport
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
 	var errs []error
 	links := map[string]int{}
-	want := make([]RouteSpec, 0, len(desired))
+	want := make([]kernelRoute, 0, len(desired))
 	for _, r := range desired {
 		s, err := h.routeSpec(r, links)
 		if err != nil {
@@ -98,7 +96,7 @@ func (h *Host) ReconcileRoutes(ctx context.Context, desired []topology.Route) (R
 	if err != nil {
 		return rep, errors.Join(append(errs, err)...)
 	}
-	replace, del := DiffRoutes(want, current)
+	replace, del := diffRoutes(want, current)
 	// Delete first: a stale route to a destination that is now desired in
 	// another table never conflicts, and freeing space first is harmless.
 	for _, r := range del {
@@ -121,8 +119,8 @@ func (h *Host) ReconcileRoutes(ctx context.Context, desired []topology.Route) (R
 	return rep, errors.Join(errs...)
 }
 
-func (h *Host) routeSpec(r topology.Route, links map[string]int) (RouteSpec, error) {
-	s := RouteSpec{Table: r.Table, Dst: r.Dst.Masked(), Gw: r.Gw.Unmap(), Src: r.Src.Unmap(), OnLink: r.OnLink}
+func (h *Host) routeSpec(r Route, links map[string]int) (kernelRoute, error) {
+	s := kernelRoute{Table: r.Table, Dst: r.Dst.Masked(), Gw: r.Gw.Unmap(), Src: r.Src.Unmap(), OnLink: r.OnLink}
 	if s.Table == 0 {
 		s.Table = unix.RT_TABLE_MAIN
 	}
@@ -148,22 +146,22 @@ func (h *Host) routeSpec(r topology.Route, links map[string]int) (RouteSpec, err
 }
 
 // ownRoutes lists meshlet's routes in every table.
-func (h *Host) ownRoutes() ([]RouteSpec, error) {
+func (h *Host) ownRoutes() ([]kernelRoute, error) {
 	rs, err := h.nl.RouteListFiltered(netlink.FAMILY_ALL,
 		&netlink.Route{Protocol: Protocol, Table: unix.RT_TABLE_UNSPEC},
 		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("netlinkx: list meshlet routes: %w", err)
 	}
-	out := make([]RouteSpec, 0, len(rs))
+	out := make([]kernelRoute, 0, len(rs))
 	for _, r := range rs {
 		out = append(out, fromNetlinkRoute(r))
 	}
 	return out, nil
 }
 
-func fromNetlinkRoute(r netlink.Route) RouteSpec {
-	s := RouteSpec{Table: r.Table, Gw: addrOf(r.Gw), LinkIndex: r.LinkIndex, Src: addrOf(r.Src), OnLink: r.Flags&unix.RTNH_F_ONLINK != 0}
+func fromNetlinkRoute(r netlink.Route) kernelRoute {
+	s := kernelRoute{Table: r.Table, Gw: addrOf(r.Gw), LinkIndex: r.LinkIndex, Src: addrOf(r.Src), OnLink: r.Flags&unix.RTNH_F_ONLINK != 0}
 	if p, ok := prefixOf(r.Dst); ok {
 		s.Dst = p.Masked()
 	} else if r.Family == unix.AF_INET6 {
@@ -174,7 +172,7 @@ func fromNetlinkRoute(r netlink.Route) RouteSpec {
 	return s
 }
 
-func toNetlinkRoute(s RouteSpec) *netlink.Route {
+func toNetlinkRoute(s kernelRoute) *netlink.Route {
 	r := &netlink.Route{
 		Dst:       ipNet(s.Dst),
 		Gw:        ipOf(s.Gw),
@@ -198,8 +196,8 @@ func toNetlinkRoute(s RouteSpec) *netlink.Route {
 	return r
 }
 
-// RuleSpec is a policy rule in comparable form.
-type RuleSpec struct {
+// kernelRule is a policy rule in comparable form.
+type kernelRule struct {
 	Family int // unix.AF_INET or AF_INET6
 	Iif    string
 	Src    netip.Prefix
@@ -207,7 +205,7 @@ type RuleSpec struct {
 	Table  int
 }
 
-func (r RuleSpec) String() string {
+func (r kernelRule) String() string {
 	s := "from " + "all"
 	if r.Src.IsValid() {
 		s = "from " + r.Src.String()
@@ -221,10 +219,10 @@ func (r RuleSpec) String() string {
 	return s + fmt.Sprintf(" lookup %d", r.Table)
 }
 
-// RuleSpecFromTopology converts a plan rule. A rule with neither source nor
+// kernelRuleOf converts a plan rule. A rule with neither source nor
 // destination is IPv4 (Kilo's rules are).
-func RuleSpecFromTopology(r topology.Rule) RuleSpec {
-	s := RuleSpec{Family: unix.AF_INET, Iif: r.Iif, Table: r.Table}
+func kernelRuleOf(r Rule) kernelRule {
+	s := kernelRule{Family: unix.AF_INET, Iif: r.Iif, Table: r.Table}
 	if r.Src.IsValid() {
 		s.Src = r.Src.Masked()
 	}
@@ -240,15 +238,15 @@ func RuleSpecFromTopology(r topology.Rule) RuleSpec {
 	return s
 }
 
-// DiffRules returns the rules to add and the meshlet rules to delete.
+// diffRules returns the rules to add and the meshlet rules to delete.
 // Duplicates of a desired rule in current are deleted too, so the set ends
 // up exact.
-func DiffRules(desired, current []RuleSpec) (add, del []RuleSpec) {
-	have := map[RuleSpec]int{}
+func diffRules(desired, current []kernelRule) (add, del []kernelRule) {
+	have := map[kernelRule]int{}
 	for _, c := range current {
 		have[c]++
 	}
-	want := map[RuleSpec]bool{}
+	want := map[kernelRule]bool{}
 	for _, d := range desired {
 		if want[d] {
 			continue
@@ -267,7 +265,7 @@ func DiffRules(desired, current []RuleSpec) (add, del []RuleSpec) {
 			del = append(del, c)
 		}
 	}
-	slices.SortStableFunc(del, func(a, b RuleSpec) int { return cmp.Compare(a.String(), b.String()) })
+	slices.SortStableFunc(del, func(a, b kernelRule) int { return cmp.Compare(a.String(), b.String()) })
 	return add, del
 }
 
@@ -278,20 +276,20 @@ type RuleReport struct {
 }
 
 // ReconcileRules makes meshlet's policy rules equal to desired.
-func (h *Host) ReconcileRules(ctx context.Context, desired []topology.Rule) (RuleReport, error) {
+func (h *Host) ReconcileRules(ctx context.Context, desired []Rule) (RuleReport, error) {
 	var rep RuleReport
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
-	want := make([]RuleSpec, 0, len(desired))
+	want := make([]kernelRule, 0, len(desired))
 	for _, r := range desired {
-		want = append(want, RuleSpecFromTopology(r))
+		want = append(want, kernelRuleOf(r))
 	}
 	current, err := h.ownRules()
 	if err != nil {
 		return rep, err
 	}
-	add, del := DiffRules(want, current)
+	add, del := diffRules(want, current)
 	var errs []error
 	for _, r := range del {
 		if err := h.nl.RuleDel(toNetlinkRule(r)); err != nil && !errors.Is(err, unix.ENOENT) {
@@ -310,17 +308,17 @@ func (h *Host) ReconcileRules(ctx context.Context, desired []topology.Rule) (Rul
 	return rep, errors.Join(errs...)
 }
 
-func (h *Host) ownRules() ([]RuleSpec, error) {
+func (h *Host) ownRules() ([]kernelRule, error) {
 	rules, err := h.nl.RuleList(netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("netlinkx: list rules: %w", err)
 	}
-	var out []RuleSpec
+	var out []kernelRule
 	for _, r := range rules {
 		if r.Protocol != uint8(Protocol) {
 			continue
 		}
-		s := RuleSpec{Family: r.Family, Iif: r.IifName, Table: r.Table}
+		s := kernelRule{Family: r.Family, Iif: r.IifName, Table: r.Table}
 		if p, ok := prefixOf(r.Src); ok {
 			s.Src = p.Masked()
 		}
@@ -332,7 +330,7 @@ func (h *Host) ownRules() ([]RuleSpec, error) {
 	return out, nil
 }
 
-func toNetlinkRule(s RuleSpec) *netlink.Rule {
+func toNetlinkRule(s kernelRule) *netlink.Rule {
 	r := netlink.NewRule()
 	r.Family = s.Family
 	r.Table = s.Table

@@ -8,8 +8,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Tunnel device names, in order of preference.
@@ -40,7 +38,7 @@ func (h *Host) FindTunnel() (string, error) {
 // EnsureTunnel makes sure the tunnel the plan routes through exists and is
 // up, creating tunl0 only when the plan asks for it. It returns the device
 // name ("" when the plan needs none).
-func (h *Host) EnsureTunnel(ctx context.Context, t topology.Tunnel) (string, error) {
+func (h *Host) EnsureTunnel(ctx context.Context, t Tunnel) (string, error) {
 	if t.Name == "" {
 		return "", nil
 	}

@@ -7,20 +7,18 @@ import (
 	"testing"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // benchPeers returns n peers with distinct keys and allowed IPs, no
 // endpoints (so the device sends nothing while being measured).
-func benchPeers(n int) []topology.WireGuardPeer {
-	peers := make([]topology.WireGuardPeer, n)
+func benchPeers(n int) []PeerSpec {
+	peers := make([]PeerSpec, n)
 	for i := range peers {
-		var k topology.Key
+		var k wgtypes.Key
 		k[0], k[1], k[2] = byte(i>>16), byte(i>>8), byte(i)
 		k[31] = 0x42
 		a := netip.AddrFrom4([4]byte{10, 100 + byte(i>>16), byte(i >> 8), byte(i)})
-		peers[i] = topology.WireGuardPeer{Name: fmt.Sprintf("p%d", i), PublicKey: k, AllowedIPs: []netip.Prefix{netip.PrefixFrom(a, 32)}, Roaming: true}
+		peers[i] = PeerSpec{Name: fmt.Sprintf("p%d", i), PublicKey: k, AllowedIPs: []netip.Prefix{netip.PrefixFrom(a, 32)}, Roaming: true}
 	}
 	return peers
 }
@@ -33,7 +31,7 @@ func BenchmarkApply(b *testing.B) {
 	for _, n := range []int{1000, 5000} {
 		ns := newNetns(b)
 		node := startNode(b, ns, "10.4.0.1/16")
-		plan := topology.Device{Interface: node.dev, ListenPort: 51820, Peers: benchPeers(n)}
+		plan := DeviceSpec{ListenPort: 51820, Peers: benchPeers(n)}
 		if rep, err := node.mgr.Apply(context.Background(), plan); err != nil || len(rep.Added) != n {
 			b.Fatalf("initial apply: %v (%d added)", err, len(rep.Added))
 		}
@@ -85,7 +83,7 @@ func BenchmarkDiff(b *testing.B) {
 			in := DiffInput{Peers: make([]ResolvedPeer, n)}
 			for i, p := range peers {
 				dev.Peers[i] = wgtypes.Peer{PublicKey: wgtypes.Key(p.PublicKey), AllowedIPs: toIPNets(p.AllowedIPs)}
-				in.Peers[i] = ResolvedPeer{WireGuardPeer: p}
+				in.Peers[i] = ResolvedPeer{PeerSpec: p}
 			}
 			in.Peers[0].AllowedIPs = []netip.Prefix{netip.MustParsePrefix("10.99.0.0/24")}
 			for b.Loop() {

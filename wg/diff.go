@@ -5,11 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Peer fields named in PeerChange.Fields.
@@ -23,7 +20,7 @@ const (
 // ResolvedPeer is a desired peer whose "host:port" endpoint the actuator has
 // already resolved, so Diff stays free of I/O.
 type ResolvedPeer struct {
-	topology.WireGuardPeer
+	PeerSpec
 	// Addr is the resolved endpoint; nil when the plan has none or it could
 	// not be resolved (then ResolveErr says why).
 	Addr       *net.UDPAddr
@@ -38,15 +35,15 @@ type DiffInput struct {
 	// LastEndpoints holds, per peer, the configured endpoint string this
 	// process applied last. It is nil/empty after a restart: then a roaming
 	// peer's existing endpoint is never overwritten.
-	LastEndpoints map[topology.Key]string
+	LastEndpoints map[wgtypes.Key]string
 	// Names labels removed peers in the report (the plan no longer has them).
-	Names map[topology.Key]string
+	Names map[wgtypes.Key]string
 }
 
 // PeerChange names one peer in a Report.
 type PeerChange struct {
-	Name      string       `json:"name,omitempty"`
-	PublicKey topology.Key `json:"publicKey"`
+	Name      string      `json:"name,omitempty"`
+	PublicKey wgtypes.Key `json:"publicKey"`
 	// Fields lists what changed for an updated peer.
 	Fields []string `json:"fields,omitempty"`
 }
@@ -54,10 +51,10 @@ type PeerChange struct {
 // UnresolvedEndpoint is a desired endpoint that could not be resolved; the
 // peer is still configured, only its endpoint is left alone.
 type UnresolvedEndpoint struct {
-	Name      string       `json:"name,omitempty"`
-	PublicKey topology.Key `json:"publicKey"`
-	Endpoint  string       `json:"endpoint"`
-	Error     string       `json:"error"`
+	Name      string      `json:"name,omitempty"`
+	PublicKey wgtypes.Key `json:"publicKey"`
+	Endpoint  string      `json:"endpoint"`
+	Error     string      `json:"error"`
 }
 
 // Report says what an Apply changed on the device (for logs and metrics).
@@ -77,6 +74,16 @@ type Report struct {
 
 // PeersTouched is the number of peers the apply sent to the device.
 func (r Report) PeersTouched() int { return len(r.Added) + len(r.Updated) + len(r.Removed) }
+
+// Counts is how many objects the apply changed, by kind ("peer", "device"),
+// in the form every actuator reports (meshlet_dataplane_changes_total).
+func (r Report) Counts() map[string]int {
+	c := map[string]int{"peer": r.PeersTouched()}
+	if r.ListenPort || r.PrivateKey {
+		c["device"] = 1
+	}
+	return c
+}
 
 // Changed reports whether the device was changed at all.
 func (r Report) Changed() bool { return r.PeersTouched() > 0 || r.ListenPort || r.PrivateKey }
@@ -115,7 +122,7 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 	seen := make(map[wgtypes.Key]bool, len(in.Peers))
 
 	for _, d := range in.Peers {
-		key := wgtypes.Key(d.PublicKey)
+		key := d.PublicKey
 		if seen[key] {
 			continue // the planner rejects duplicates; be safe anyway
 		}
@@ -126,7 +133,7 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 			})
 		}
 		wantIPs := toIPNets(d.AllowedIPs)
-		keepalive := time.Duration(d.PersistentKeepalive) * time.Second
+		keepalive := d.PersistentKeepalive
 
 		c, ok := current[key]
 		if !ok {
@@ -156,7 +163,7 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 		}
 		var wantPSK wgtypes.Key
 		if d.PresharedKey != nil {
-			wantPSK = wgtypes.Key(*d.PresharedKey)
+			wantPSK = *d.PresharedKey
 		}
 		if wantPSK != c.PresharedKey {
 			pc.PresharedKey = &wantPSK // the zero key removes it
@@ -175,7 +182,7 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 			continue
 		}
 		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: p.PublicKey, Remove: true})
-		rep.Removed = append(rep.Removed, PeerChange{Name: in.Names[topology.Key(p.PublicKey)], PublicKey: topology.Key(p.PublicKey)})
+		rep.Removed = append(rep.Removed, PeerChange{Name: in.Names[p.PublicKey], PublicKey: p.PublicKey})
 	}
 	return cfg, rep
 }
@@ -183,17 +190,17 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 // newPeerConfig is the configuration that adds peer d.
 func newPeerConfig(d ResolvedPeer) wgtypes.PeerConfig {
 	pc := wgtypes.PeerConfig{
-		PublicKey:         wgtypes.Key(d.PublicKey),
+		PublicKey:         d.PublicKey,
 		Endpoint:          d.Addr,
 		ReplaceAllowedIPs: true,
 		AllowedIPs:        toIPNets(d.AllowedIPs),
 	}
 	if d.PersistentKeepalive > 0 {
-		keepalive := time.Duration(d.PersistentKeepalive) * time.Second
+		keepalive := d.PersistentKeepalive
 		pc.PersistentKeepaliveInterval = &keepalive
 	}
 	if d.PresharedKey != nil {
-		psk := wgtypes.Key(*d.PresharedKey)
+		psk := *d.PresharedKey
 		pc.PresharedKey = &psk
 	}
 	return pc
@@ -207,7 +214,7 @@ func newPeerConfig(d ResolvedPeer) wgtypes.PeerConfig {
 // the operator changed the configured endpoint since this process last
 // applied it (a deliberate move). After a restart there is no memory, and the
 // learned endpoint wins.
-func overwriteEndpoint(d ResolvedPeer, c *wgtypes.Peer, last map[topology.Key]string) bool {
+func overwriteEndpoint(d ResolvedPeer, c *wgtypes.Peer, last map[wgtypes.Key]string) bool {
 	if !d.Roaming || c.Endpoint == nil {
 		return true
 	}
@@ -277,4 +284,4 @@ func samePrefixes(want []netip.Prefix, have []net.IPNet) bool {
 }
 
 // keyLess orders keys for deterministic output.
-func keyLess(a, b topology.Key) int { return bytes.Compare(a[:], b[:]) }
+func keyLess(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) }

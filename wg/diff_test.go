@@ -9,12 +9,10 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
-func testKey(b byte) topology.Key {
-	var k topology.Key
+func testKey(b byte) wgtypes.Key {
+	var k wgtypes.Key
 	k[0] = b
 	k[31] = b
 	return k
@@ -50,15 +48,15 @@ func TestDiff(t *testing.T) {
 	psk := testKey(0xee)
 
 	// devPeer is peer a as a device holds it after a previous apply.
-	devPeer := func(k topology.Key, ep string, keep int, ips ...string) wgtypes.Peer {
+	devPeer := func(k wgtypes.Key, ep string, keep int, ips ...string) wgtypes.Peer {
 		p := wgtypes.Peer{PublicKey: wgtypes.Key(k), PersistentKeepaliveInterval: time.Duration(keep) * time.Second, AllowedIPs: ipnets(ips...)}
 		if ep != "" {
 			p.Endpoint = udp(ep)
 		}
 		return p
 	}
-	want := func(k topology.Key, ep string, keep int, roaming bool, ips ...string) ResolvedPeer {
-		p := ResolvedPeer{WireGuardPeer: topology.WireGuardPeer{Name: "peer-" + k.String()[:2], PublicKey: k, Endpoint: ep, PersistentKeepalive: keep, Roaming: roaming, AllowedIPs: pfx(ips...)}}
+	want := func(k wgtypes.Key, ep string, keep int, roaming bool, ips ...string) ResolvedPeer {
+		p := ResolvedPeer{PeerSpec: PeerSpec{Name: "peer-" + k.String()[:2], PublicKey: k, Endpoint: ep, PersistentKeepalive: time.Duration(keep) * time.Second, Roaming: roaming, AllowedIPs: pfx(ips...)}}
 		if ep != "" {
 			p.Addr = udp(ep)
 		}
@@ -122,7 +120,7 @@ func TestDiff(t *testing.T) {
 		},
 		{
 			name:    "absent peer removed, never ReplacePeers",
-			in:      DiffInput{PrivateKey: priv, Peers: []ResolvedPeer{want(a, "", 0, true, "10.4.0.1/32")}, Names: map[topology.Key]string{c: "old"}},
+			in:      DiffInput{PrivateKey: priv, Peers: []ResolvedPeer{want(a, "", 0, true, "10.4.0.1/32")}, Names: map[wgtypes.Key]string{c: "old"}},
 			cur:     withPeers(devPeer(a, "", 0, "10.4.0.1/32"), devPeer(c, "", 0, "10.4.0.3/32")),
 			wantCfg: wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: wgtypes.Key(c), Remove: true}}},
 			wantRem: 1,
@@ -145,14 +143,14 @@ func TestDiff(t *testing.T) {
 		{
 			name: "roaming peer keeps learned endpoint when configured endpoint unchanged",
 			in: DiffInput{PrivateKey: priv, Peers: []ResolvedPeer{want(a, "192.0.2.1:51820", 25, true, "10.4.0.1/32")},
-				LastEndpoints: map[topology.Key]string{a: "192.0.2.1:51820"}},
+				LastEndpoints: map[wgtypes.Key]string{a: "192.0.2.1:51820"}},
 			cur:      withPeers(devPeer(a, "198.51.100.7:40000", 25, "10.4.0.1/32")),
 			wantKept: 1,
 		},
 		{
 			name: "roaming peer endpoint overwritten when configured endpoint changed",
 			in: DiffInput{PrivateKey: priv, Peers: []ResolvedPeer{want(a, "192.0.2.9:51820", 25, true, "10.4.0.1/32")},
-				LastEndpoints: map[topology.Key]string{a: "192.0.2.1:51820"}},
+				LastEndpoints: map[wgtypes.Key]string{a: "192.0.2.1:51820"}},
 			cur: withPeers(devPeer(a, "198.51.100.7:40000", 25, "10.4.0.1/32")),
 			wantCfg: wgtypes.Config{Peers: []wgtypes.PeerConfig{{
 				PublicKey: wgtypes.Key(a), UpdateOnly: true, Endpoint: udp("192.0.2.9:51820"),
@@ -182,7 +180,7 @@ func TestDiff(t *testing.T) {
 		{
 			name: "unresolved endpoint: peer still added without endpoint",
 			in: DiffInput{PrivateKey: priv, Peers: []ResolvedPeer{
-				{WireGuardPeer: topology.WireGuardPeer{PublicKey: b, Endpoint: "nowhere.invalid:1", AllowedIPs: pfx("10.4.0.2/32")}, ResolveErr: errors.New("no such host")},
+				{PeerSpec: PeerSpec{PublicKey: b, Endpoint: "nowhere.invalid:1", AllowedIPs: pfx("10.4.0.2/32")}, ResolveErr: errors.New("no such host")},
 			}},
 			cur: withPeers(),
 			wantCfg: wgtypes.Config{Peers: []wgtypes.PeerConfig{{

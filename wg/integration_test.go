@@ -36,8 +36,6 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 const (
@@ -201,7 +199,7 @@ func vethPair(t testing.TB, nsA, addrA, nsB, addrB string) (string, string) {
 	return la, lb
 }
 
-func (n *node) peerStats(t testing.TB, k topology.Key) PeerStats {
+func (n *node) peerStats(t testing.TB, k wgtypes.Key) PeerStats {
 	t.Helper()
 	st, err := n.mgr.Stats(context.Background())
 	if err != nil {
@@ -216,9 +214,8 @@ func (n *node) peerStats(t testing.TB, k topology.Key) PeerStats {
 	return PeerStats{}
 }
 
-func (n *node) apply(t testing.TB, d topology.Device) Report {
+func (n *node) apply(t testing.TB, d DeviceSpec) Report {
 	t.Helper()
-	d.Interface = n.dev
 	rep, err := n.mgr.Apply(context.Background(), d)
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +242,7 @@ var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 // pair is two nodes A (10.4.0.1) and B (10.4.0.2) peered over a veth link.
 type pair struct {
 	a, b         *node
-	planA, planB topology.Device
+	planA, planB DeviceSpec
 	vethB        string
 }
 
@@ -255,10 +252,10 @@ func newPair(t testing.TB) *pair {
 	a := startNode(t, nsA, "10.4.0.1/24")
 	b := startNode(t, nsB, "10.4.0.2/24")
 	p := &pair{a: a, b: b, vethB: vb}
-	p.planA = topology.Device{ListenPort: 51820, Peers: []topology.WireGuardPeer{{
+	p.planA = DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{{
 		Name: "b", PublicKey: b.mgr.PublicKey(), Endpoint: "192.168.77.2:51821", AllowedIPs: pfx("10.4.0.2/32"),
 	}}}
-	p.planB = topology.Device{ListenPort: 51821, Peers: []topology.WireGuardPeer{{
+	p.planB = DeviceSpec{ListenPort: 51821, Peers: []PeerSpec{{
 		Name: "a", PublicKey: a.mgr.PublicKey(), Endpoint: "192.168.77.1:51820", AllowedIPs: pfx("10.4.0.1/32"),
 	}}}
 	return p
@@ -294,7 +291,7 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 	requireRoot(t)
 	p := newPair(t)
 	ckey := testKey(0xcc)
-	third := topology.WireGuardPeer{Name: "c", PublicKey: ckey, Endpoint: "192.168.77.9:51820", AllowedIPs: pfx("10.4.0.3/32")}
+	third := PeerSpec{Name: "c", PublicKey: ckey, Endpoint: "192.168.77.9:51820", AllowedIPs: pfx("10.4.0.3/32")}
 	p.planA.Peers = append(p.planA.Peers, third)
 	p.b.apply(t, p.planB)
 	p.a.apply(t, p.planA)
@@ -345,25 +342,25 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 
 	steps := []struct {
 		name   string
-		mutate func(*topology.WireGuardPeer) bool // false = remove
+		mutate func(*PeerSpec) bool // false = remove
 		check  func(Report) bool
 	}{
-		{"allowed IPs", func(c *topology.WireGuardPeer) bool { c.AllowedIPs = pfx("10.4.0.3/32", "10.3.0.0/24"); return true },
+		{"allowed IPs", func(c *PeerSpec) bool { c.AllowedIPs = pfx("10.4.0.3/32", "10.3.0.0/24"); return true },
 			func(r Report) bool {
 				return len(r.Updated) == 1 && r.Updated[0].PublicKey == ckey && r.Updated[0].Fields[0] == FieldAllowedIPs
 			}},
-		{"keepalive", func(c *topology.WireGuardPeer) bool { c.PersistentKeepalive = 10; c.Roaming = true; return true },
+		{"keepalive", func(c *PeerSpec) bool { c.PersistentKeepalive = 10 * time.Second; c.Roaming = true; return true },
 			func(r Report) bool {
 				return len(r.Updated) == 1 && r.Updated[0].PublicKey == ckey && r.Updated[0].Fields[0] == FieldKeepalive
 			}},
-		{"remove", func(*topology.WireGuardPeer) bool { return false },
+		{"remove", func(*PeerSpec) bool { return false },
 			func(r Report) bool {
 				return len(r.Removed) == 1 && r.Removed[0].PublicKey == ckey && r.Removed[0].Name == "c"
 			}},
 	}
 	for _, s := range steps {
 		plan := p.planA
-		plan.Peers = []topology.WireGuardPeer{p.planA.Peers[0]}
+		plan.Peers = []PeerSpec{p.planA.Peers[0]}
 		c := third
 		if s.mutate(&c) {
 			plan.Peers = append(plan.Peers, c)
@@ -422,11 +419,11 @@ func TestSessionSurvivesPartialApply(t *testing.T) {
 func TestRoamingEndpointKept(t *testing.T) {
 	requireRoot(t)
 	p := newPair(t)
-	p.planA.Peers[0].PersistentKeepalive = 1
+	p.planA.Peers[0].PersistentKeepalive = 1 * time.Second
 	p.planA.Peers[0].Roaming = true
 	p.b.apply(t, p.planB)
 	p.a.apply(t, p.planA)
-	p.planB.Peers[0].PersistentKeepalive = 1
+	p.planB.Peers[0].PersistentKeepalive = 1 * time.Second
 	p.planB.Peers[0].Roaming = true
 	p.b.apply(t, p.planB)
 	waitPing(t, p.a.ns, "10.4.0.2", 10*time.Second)

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // WatchOptions configures Watch.
@@ -107,9 +105,9 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 		onDevice[cur.Peers[i].PublicKey] = &cur.Peers[i]
 	}
 	var samples []watched
-	byKey := map[topology.Key]ResolvedPeer{}
+	byKey := map[wgtypes.Key]ResolvedPeer{}
 	for _, p := range m.applied.Peers {
-		d := onDevice[wgtypes.Key(p.PublicKey)]
+		d := onDevice[p.PublicKey]
 		if !p.SessionProbe.IsValid() || d == nil {
 			continue
 		}
@@ -131,10 +129,10 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	for _, k := range repair {
 		p := byKey[k]
 		pc := newPeerConfig(p)
-		if d := onDevice[wgtypes.Key(k)]; d.Endpoint != nil {
+		if d := onDevice[k]; d.Endpoint != nil {
 			pc.Endpoint = d.Endpoint // keep where the peer is now
 		}
-		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: wgtypes.Key(k), Remove: true}, pc)
+		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, pc)
 	}
 	if err := m.client.ConfigureDevice(m.iface, cfg); err != nil {
 		return false, probes, fmt.Errorf("wg: re-establish sessions on %s: %w", m.iface, err)

@@ -3,7 +3,7 @@ package wg
 import (
 	"time"
 
-	"github.com/meshlet/meshlet/agent/core/topology"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // Half-dead sessions (docs/kilo-compatibility.md#half-dead).
@@ -119,19 +119,19 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 // sessionWatch holds the states of the watched peers.
 type sessionWatch struct {
 	policy SessionPolicy
-	peers  map[topology.Key]sessionState
+	peers  map[wgtypes.Key]sessionState
 }
 
 // watched is one peer to assess in a tick.
 type watched struct {
-	key    topology.Key
+	key    wgtypes.Key
 	sample sessionSample
 }
 
 // assess runs the rule over this tick's samples and returns the peers to
 // probe and to re-establish. Peers no longer watched are forgotten.
-func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair []topology.Key) {
-	next := make(map[topology.Key]sessionState, len(samples))
+func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair []wgtypes.Key) {
+	next := make(map[wgtypes.Key]sessionState, len(samples))
 	for _, s := range samples {
 		st, act := assessSession(w.peers[s.key], s.sample, now, w.policy)
 		next[s.key] = st

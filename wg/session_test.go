@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // TestAssessSession walks the rule through sequences of samples taken every
@@ -130,10 +128,10 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kg := topology.WireGuardPeer{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
-		PersistentKeepalive: 25, Roaming: true, SessionProbe: netip.MustParseAddr("10.4.0.2")}
-	ml := topology.WireGuardPeer{Name: "meshlet", PublicKey: testKey(2), Endpoint: "192.0.2.2:51820", AllowedIPs: pfx("10.4.0.3/32")}
-	if _, err := m.Apply(ctx, topology.Device{Interface: "kilo0", ListenPort: 51820, Peers: []topology.WireGuardPeer{kg, ml}}); err != nil {
+	kg := PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
+		PersistentKeepalive: 25 * time.Second, Roaming: true, SessionProbe: netip.MustParseAddr("10.4.0.2")}
+	ml := PeerSpec{Name: "meshlet", PublicKey: testKey(2), Endpoint: "192.0.2.2:51820", AllowedIPs: pfx("10.4.0.3/32")}
+	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{kg, ml}}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Unix(1_800_000_000, 0)

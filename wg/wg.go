@@ -33,8 +33,6 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Client is the part of *wgctrl.Client the actuator uses; tests inject fakes.
@@ -48,16 +46,9 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
-// Actuator is what the agent's loop needs from this package; a fake can
-// stand in for it in loop tests.
-type Actuator interface {
-	Apply(ctx context.Context, desired topology.Device) (Report, error)
-	Stats(ctx context.Context) (DeviceStats, error)
-}
-
 // PeerStats is one peer as the device reports it, for metrics.
 type PeerStats struct {
-	PublicKey topology.Key
+	PublicKey wgtypes.Key
 	// Endpoint is the current (possibly learned) endpoint; zero = none.
 	Endpoint netip.AddrPort
 	// LastHandshake is zero when the peer never completed a handshake.
@@ -72,7 +63,7 @@ type PeerStats struct {
 type DeviceStats struct {
 	Interface  string
 	Type       string // "Linux kernel" or "userspace"
-	PublicKey  topology.Key
+	PublicKey  wgtypes.Key
 	ListenPort int
 	Peers      []PeerStats // sorted by public key
 }
@@ -98,16 +89,14 @@ type Manager struct {
 	mu sync.Mutex
 	// lastEndpoints is the configured endpoint string last applied per peer
 	// (the roaming rule needs to know whether the operator changed it).
-	lastEndpoints map[topology.Key]string
+	lastEndpoints map[wgtypes.Key]string
 	// names remembers peer names so removals can be reported by name.
-	names map[topology.Key]string
+	names map[wgtypes.Key]string
 	// applied is the last successfully applied input, so Drifted can tell
 	// whether someone changed the device since (e.g. `wg set ... remove`,
 	// which raises no netlink event on a userspace device).
 	applied *DiffInput
 }
-
-var _ Actuator = (*Manager)(nil)
 
 // NewManager returns a Manager for cfg.Interface.
 func NewManager(cfg Config) (*Manager, error) {
@@ -126,8 +115,8 @@ func NewManager(cfg Config) (*Manager, error) {
 		client:        cfg.Client,
 		resolver:      cfg.Resolver,
 		log:           cfg.Logger,
-		lastEndpoints: map[topology.Key]string{},
-		names:         map[topology.Key]string{},
+		lastEndpoints: map[wgtypes.Key]string{},
+		names:         map[wgtypes.Key]string{},
 	}
 	if m.resolver == nil {
 		m.resolver = net.DefaultResolver
@@ -139,15 +128,13 @@ func NewManager(cfg Config) (*Manager, error) {
 }
 
 // PublicKey is the public key of the managed device's private key.
-func (m *Manager) PublicKey() topology.Key { return topology.Key(m.key.PublicKey()) }
+func (m *Manager) PublicKey() wgtypes.Key { return m.key.PublicKey() }
+
+// Interface is the managed device's name.
+func (m *Manager) Interface() string { return m.iface }
 
 // Apply reconciles the device with desired and reports what it changed.
-// desired.Interface must be empty or the managed interface. The link state,
-// MTU and addresses are netlinkx's job, not this one.
-func (m *Manager) Apply(ctx context.Context, desired topology.Device) (Report, error) {
-	if desired.Interface != "" && desired.Interface != m.iface {
-		return Report{}, fmt.Errorf("wg: plan is for interface %q, manager owns %q", desired.Interface, m.iface)
-	}
+func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -175,8 +162,8 @@ func (m *Manager) Apply(ctx context.Context, desired topology.Device) (Report, e
 	// Only after success: remember what was applied. Peers whose endpoint did
 	// not resolve keep their old memory so a later successful resolution
 	// counts as a change only if the string really changed.
-	names := make(map[topology.Key]string, len(peers))
-	last := make(map[topology.Key]string, len(peers))
+	names := make(map[wgtypes.Key]string, len(peers))
+	last := make(map[wgtypes.Key]string, len(peers))
 	for _, p := range peers {
 		names[p.PublicKey] = p.Name
 		if p.ResolveErr == nil {
@@ -222,13 +209,13 @@ func StatsFromDevice(d *wgtypes.Device) DeviceStats {
 	s := DeviceStats{
 		Interface:  d.Name,
 		Type:       d.Type.String(),
-		PublicKey:  topology.Key(d.PublicKey),
+		PublicKey:  d.PublicKey,
 		ListenPort: d.ListenPort,
 		Peers:      make([]PeerStats, 0, len(d.Peers)),
 	}
 	for _, p := range d.Peers {
 		ps := PeerStats{
-			PublicKey:           topology.Key(p.PublicKey),
+			PublicKey:           p.PublicKey,
 			ReceiveBytes:        p.ReceiveBytes,
 			TransmitBytes:       p.TransmitBytes,
 			PersistentKeepalive: p.PersistentKeepaliveInterval,
@@ -255,10 +242,10 @@ func StatsFromDevice(d *wgtypes.Device) DeviceStats {
 
 // resolve turns "host:port" endpoints into addresses. A failure affects only
 // that peer's endpoint: the peer itself is still configured.
-func (m *Manager) resolve(ctx context.Context, peers []topology.WireGuardPeer) []ResolvedPeer {
+func (m *Manager) resolve(ctx context.Context, peers []PeerSpec) []ResolvedPeer {
 	out := make([]ResolvedPeer, len(peers))
 	for i, p := range peers {
-		out[i].WireGuardPeer = p
+		out[i].PeerSpec = p
 		if p.Endpoint == "" {
 			continue
 		}

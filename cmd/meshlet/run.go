@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/node"
@@ -115,7 +116,7 @@ func runAgent(ctx context.Context, args []string) error {
 	})
 	changes := mergeSignals(ctx, netlinkChanges, drift)
 	wgAct := &node.WireGuard{Manager: mgr}
-	facts := &node.Facts{Host: host, WireGuard: wgAct, PublicKey: mgr.PublicKey(), Interface: cfg.Interface,
+	facts := &node.Facts{Host: host, WireGuard: wgAct, PublicKey: topology.Key(mgr.PublicKey()), Interface: cfg.Interface,
 		Internal: cfg.InternalPrefix(), Port: cfg.Port, Version: version}
 	agent, err := runner.New(runner.Options{
 		Config: cfg, Node: name, RestConfig: rc, WireGuard: wgAct, Host: &node.Host{Host: host, Underlay: facts.Underlay},

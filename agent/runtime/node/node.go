@@ -35,12 +35,8 @@ func (w *WireGuard) Apply(ctx context.Context, dev topology.Device) (reconcile.C
 		}
 		dev.Peers = append(dev.Peers, Preserved(dev, st.Peers)...)
 	}
-	r, err := w.Manager.Apply(ctx, dev)
-	c := reconcile.Changes{"peer": len(r.Added) + len(r.Updated) + len(r.Removed)}
-	if r.ListenPort || r.PrivateKey {
-		c["device"] = 1
-	}
-	return c, err
+	r, err := w.Manager.Apply(ctx, WireGuardSpec(dev))
+	return r.Counts(), err
 }
 
 // Preserved returns the device peers that are not in dev.Peers and whose
@@ -53,11 +49,11 @@ func Preserved(dev topology.Device, current []wg.PeerStats) []topology.WireGuard
 	}
 	var out []topology.WireGuardPeer
 	for _, s := range current {
-		if planned[s.PublicKey] || len(s.AllowedIPs) == 0 || !allInside(s.AllowedIPs, dev.Preserve) {
+		if planned[topology.Key(s.PublicKey)] || len(s.AllowedIPs) == 0 || !allInside(s.AllowedIPs, dev.Preserve) {
 			continue
 		}
 		p := topology.WireGuardPeer{
-			Name: "preserved", Kind: topology.KindRemote, PublicKey: s.PublicKey, AllowedIPs: s.AllowedIPs,
+			Name: "preserved", Kind: topology.KindRemote, PublicKey: topology.Key(s.PublicKey), AllowedIPs: s.AllowedIPs,
 			PersistentKeepalive: int(s.PersistentKeepalive.Seconds()), Roaming: true,
 		}
 		if s.Endpoint.IsValid() {
@@ -92,7 +88,7 @@ func (w *WireGuard) PeerStats(ctx context.Context) ([]metrics.PeerStat, error) {
 	}
 	out := make([]metrics.PeerStat, len(st.Peers))
 	for i, p := range st.Peers {
-		out[i] = metrics.PeerStat{PublicKey: p.PublicKey, Endpoint: p.Endpoint, LastHandshake: p.LastHandshake,
+		out[i] = metrics.PeerStat{PublicKey: topology.Key(p.PublicKey), Endpoint: p.Endpoint, LastHandshake: p.LastHandshake,
 			ReceiveBytes: p.ReceiveBytes, TransmitBytes: p.TransmitBytes, PersistentKeepalive: p.PersistentKeepalive, AllowedIPs: p.AllowedIPs}
 	}
 	return out, nil
@@ -111,21 +107,11 @@ func (h *Host) Apply(ctx context.Context, plan topology.Plan) (reconcile.Changes
 	if h.Underlay != nil {
 		underlay = h.Underlay()
 	}
-	r, err := h.Host.Apply(ctx, netlinkx.SpecFromPlan(plan, underlay))
-	c := reconcile.Changes{
-		"route":    len(r.Routes.Replaced) + len(r.Routes.Deleted),
-		"rule":     len(r.Rules.Added) + len(r.Rules.Deleted),
-		"address":  len(r.Link.AddedAddrs) + len(r.Link.RemovedAddrs),
-		"iptables": len(r.Firewall.Changes),
-		"sysctl":   len(r.Sysctls),
-	}
-	if r.Link.MTUChanged || r.Link.StateChanged {
-		c["link"] = 1
-	}
+	r, err := h.Host.Apply(ctx, HostSpec(plan, underlay))
 	if err != nil {
-		return c, fmt.Errorf("host network: %w", err)
+		return r.Counts(), fmt.Errorf("host network: %w", err)
 	}
-	return c, nil
+	return r.Counts(), nil
 }
 
 // Facts reads this node's live facts for the planner.
@@ -180,7 +166,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 			self.DeviceEndpoints = map[topology.Key]netip.AddrPort{}
 			for _, p := range st.Peers {
 				if !p.LastHandshake.IsZero() && p.Endpoint.IsValid() {
-					self.DeviceEndpoints[p.PublicKey] = p.Endpoint
+					self.DeviceEndpoints[topology.Key(p.PublicKey)] = p.Endpoint
 				}
 			}
 		}

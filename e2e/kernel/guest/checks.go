@@ -336,7 +336,7 @@ func checkKernelDevice(ctx context.Context, n nodeDef, p topology.Plan) error {
 		return fmt.Errorf("%d peers on the device, %d planned", len(st.Peers), len(p.WireGuard.Peers))
 	}
 	for _, want := range p.WireGuard.Peers {
-		i := slices.IndexFunc(st.Peers, func(ps wg.PeerStats) bool { return ps.PublicKey == want.PublicKey })
+		i := slices.IndexFunc(st.Peers, func(ps wg.PeerStats) bool { return topology.Key(ps.PublicKey) == want.PublicKey })
 		if i < 0 {
 			return fmt.Errorf("planned peer %s (%s) is not on the device", want.Name, want.PublicKey)
 		}
@@ -502,7 +502,7 @@ func handshakes(ctx context.Context, ks keys, wait bool) ([2]time.Time, error) {
 				return out, err
 			}
 			want := ks.public(pair[1].Name)
-			j := slices.IndexFunc(st.Peers, func(p wg.PeerStats) bool { return p.PublicKey == want })
+			j := slices.IndexFunc(st.Peers, func(p wg.PeerStats) bool { return topology.Key(p.PublicKey) == want })
 			if j < 0 {
 				return out, fmt.Errorf("%s has no peer %s", pair[0].Name, pair[1].Name)
 			}

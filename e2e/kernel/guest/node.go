@@ -12,6 +12,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/node"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
 )
@@ -137,7 +138,7 @@ func applyCmd(file string) error {
 	var res applyResult
 	res.DeviceKind = dev.Kind
 	var errs []string
-	if res.WG, err = m.Apply(ctx, in.Plan.WireGuard); err != nil {
+	if res.WG, err = m.Apply(ctx, node.WireGuardSpec(in.Plan.WireGuard)); err != nil {
 		errs = append(errs, "wg: "+err.Error())
 	}
 	res.WGChanged = res.WG.Changed()
@@ -146,7 +147,7 @@ func applyCmd(file string) error {
 		return err
 	}
 	defer host.Close()
-	if res.Host, err = host.Apply(ctx, netlinkx.SpecFromPlan(in.Plan, in.Underlay)); err != nil {
+	if res.Host, err = host.Apply(ctx, node.HostSpec(in.Plan, in.Underlay)); err != nil {
 		errs = append(errs, "netlinkx: "+err.Error())
 	}
 	res.HostChanged = res.Host.Changed()
