@@ -21,16 +21,6 @@ func pfx(ss ...string) []netip.Prefix {
 	return out
 }
 
-func TestResolveMTU(t *testing.T) {
-	for _, tt := range []struct{ plan, underlay, want int }{
-		{1380, 9000, 1380}, {0, 1500, 1420}, {0, 9000, 8920}, {0, 0, 1420}, {-1, 1450, 1370},
-	} {
-		if got := ResolveMTU(tt.plan, tt.underlay); got != tt.want {
-			t.Errorf("ResolveMTU(%d, %d) = %d, want %d", tt.plan, tt.underlay, got, tt.want)
-		}
-	}
-}
-
 func TestDiffAddrs(t *testing.T) {
 	tests := []struct {
 		name             string

@@ -1,7 +1,6 @@
 package netlinkx
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,56 +15,23 @@ type HostAddress struct {
 	Prefix    netip.Prefix
 }
 
-// PrivateAddress finds the node's private IP the way kg does without
-// --internal-cidr: the first IPv4 address of the interface that holds the
-// default route, else the first global unicast IPv4 address of any other
-// interface (skipping loopback and skip). With want set (--internal-cidr),
-// it returns the interface that carries want's address and want itself.
-func (h *Host) PrivateAddress(want netip.Prefix, skip ...string) (HostAddress, error) {
-	addrs, err := h.HostAddresses(skip...)
+// DefaultRoute returns the interface of the IPv4 default route and its MTU
+// ("" and 0 when there is none).
+func (h *Host) DefaultRoute() (string, int, error) {
+	routes, err := h.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: nil}, 0)
 	if err != nil {
-		return HostAddress{}, err
-	}
-	return h.PrivateAddressIn(addrs, want)
-}
-
-// PrivateAddressIn is PrivateAddress over addresses already read with
-// HostAddresses (a caller that needs them for more than this reads once).
-func (h *Host) PrivateAddressIn(addrs []HostAddress, want netip.Prefix) (HostAddress, error) {
-	if want.IsValid() {
-		for _, a := range addrs {
-			if a.Prefix.Addr() == want.Addr() {
-				return HostAddress{Interface: a.Interface, Prefix: want}, nil
-			}
-		}
-		// The address may live on an interface we do not see (e.g. a
-		// VIP); the prefix is still what the user asked for.
-		return HostAddress{Prefix: want}, nil
-	}
-	routes, err := h.nl.RouteList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return HostAddress{}, fmt.Errorf("netlinkx: listing routes: %w", err)
+		return "", 0, fmt.Errorf("netlinkx: listing routes: %w", err)
 	}
 	for _, r := range routes {
-		if r.Dst != nil && r.Dst.IP != nil && !r.Dst.IP.IsUnspecified() {
-			continue
-		}
-		l, err := h.nl.LinkByIndex(r.LinkIndex)
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			if a.Interface == l.Attrs().Name && a.Prefix.Addr().Is4() {
-				return a, nil
+		if (r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask)) && r.LinkIndex > 0 {
+			l, err := h.nl.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				return "", 0, fmt.Errorf("netlinkx: default route interface: %w", err)
 			}
+			return l.Attrs().Name, l.Attrs().MTU, nil
 		}
 	}
-	for _, a := range addrs {
-		if a.Prefix.Addr().Is4() {
-			return a, nil
-		}
-	}
-	return HostAddress{}, errors.New("netlinkx: no private IPv4 address found; set --internal-cidr")
+	return "", 0, nil
 }
 
 // HostAddresses lists the global unicast addresses of every interface

@@ -96,7 +96,7 @@ func route(dst, gw, dev, src string, table int, onlink bool) Route {
 
 func leaderSpec() Spec {
 	return Spec{
-		Link: LinkSpec{Name: "kilo0", Up: true, Addresses: pfx("10.4.0.1/16")},
+		Link: LinkSpec{Name: "kilo0", Up: true, MTU: 1370, Addresses: pfx("10.4.0.1/16")},
 		Routes: []Route{
 			route("10.2.0.0/24", "10.4.0.2", "kilo0", "", 0, true),
 			route("10.3.0.0/24", "", "kilo0", "10.4.0.1", 0, false),
@@ -135,7 +135,11 @@ func TestHostApplyAndCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rep.Link.MTU != 1370 || !rep.Link.MTUChanged {
-		t.Errorf("MTU = %d (changed %v), want auto 1450-80 = 1370", rep.Link.MTU, rep.Link.MTUChanged)
+		t.Errorf("MTU = %d (changed %v), want 1370", rep.Link.MTU, rep.Link.MTUChanged)
+	}
+	// What the planner derives the auto MTU from.
+	if iface, mtu, err := ns.host.DefaultRoute(); err != nil || iface != "ul0" || mtu != 1450 {
+		t.Errorf("DefaultRoute() = %q, %d, %v; want ul0 with MTU 1450", iface, mtu, err)
 	}
 	addrs, err := ns.host.Addresses("kilo0")
 	if err != nil {

@@ -12,21 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// WireGuardOverhead is subtracted from the underlay MTU for --mtu=auto (80
-// bytes covers IPv6 outer headers; Kilo uses the same).
-const WireGuardOverhead = 80
-
-// FallbackUnderlayMTU is assumed when the underlay cannot be determined.
-const FallbackUnderlayMTU = 1500
-
 // LinkSpec is the desired state of the WireGuard link.
 type LinkSpec struct {
 	Name string
-	// MTU is the plan's value; 0 means auto: underlay MTU − 80.
-	MTU int
-	// Underlay is the interface auto MTU derives from; "" means the
-	// interface of the IPv4 default route.
-	Underlay  string
+	// MTU is the link's MTU; 0 leaves it as it is.
+	MTU       int
 	Up        bool
 	Addresses []netip.Prefix
 }
@@ -38,17 +28,6 @@ type LinkReport struct {
 	StateChanged bool           `json:"stateChanged,omitempty"`
 	AddedAddrs   []netip.Prefix `json:"addedAddresses,omitempty"`
 	RemovedAddrs []netip.Prefix `json:"removedAddresses,omitempty"`
-}
-
-// ResolveMTU returns the MTU to use: the plan's when set, else underlay − 80.
-func ResolveMTU(planMTU, underlayMTU int) int {
-	if planMTU > 0 {
-		return planMTU
-	}
-	if underlayMTU <= 0 {
-		underlayMTU = FallbackUnderlayMTU
-	}
-	return underlayMTU - WireGuardOverhead
 }
 
 // DiffAddrs returns the addresses to add and to remove on the link. IPv6
@@ -83,19 +62,12 @@ func (h *Host) EnsureLink(ctx context.Context, spec LinkSpec) (LinkReport, error
 		return rep, fmt.Errorf("netlinkx: link %s: %w", spec.Name, err)
 	}
 
-	underlayMTU := 0
-	if spec.MTU <= 0 {
-		underlayMTU, err = h.underlayMTU(spec.Underlay)
-		if err != nil {
-			h.log.Warn("cannot determine underlay MTU, assuming 1500", "underlay", spec.Underlay, "error", err)
+	rep.MTU = link.Attrs().MTU
+	if spec.MTU > 0 && link.Attrs().MTU != spec.MTU {
+		if err := h.nl.LinkSetMTU(link, spec.MTU); err != nil {
+			return rep, fmt.Errorf("netlinkx: set MTU %d on %s: %w", spec.MTU, spec.Name, err)
 		}
-	}
-	rep.MTU = ResolveMTU(spec.MTU, underlayMTU)
-	if link.Attrs().MTU != rep.MTU {
-		if err := h.nl.LinkSetMTU(link, rep.MTU); err != nil {
-			return rep, fmt.Errorf("netlinkx: set MTU %d on %s: %w", rep.MTU, spec.Name, err)
-		}
-		rep.MTUChanged = true
+		rep.MTU, rep.MTUChanged = spec.MTU, true
 	}
 
 	addrs, err := h.nl.AddrList(link, netlink.FAMILY_ALL)
@@ -157,32 +129,6 @@ func (h *Host) EnsureLink(ctx context.Context, spec LinkSpec) (LinkReport, error
 		}
 	}
 	return rep, errors.Join(errs...)
-}
-
-func (h *Host) underlayMTU(name string) (int, error) {
-	if name == "" {
-		routes, err := h.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: nil}, 0)
-		if err != nil {
-			return 0, fmt.Errorf("list routes: %w", err)
-		}
-		for _, r := range routes {
-			if r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask) {
-				if r.LinkIndex > 0 {
-					l, err := h.nl.LinkByIndex(r.LinkIndex)
-					if err != nil {
-						return 0, fmt.Errorf("default route interface: %w", err)
-					}
-					return l.Attrs().MTU, nil
-				}
-			}
-		}
-		return 0, errors.New("no default route")
-	}
-	l, err := h.nl.LinkByName(name)
-	if err != nil {
-		return 0, fmt.Errorf("underlay %s: %w", name, err)
-	}
-	return l.Attrs().MTU, nil
 }
 
 func isZeroMask(m net.IPMask) bool {

@@ -110,7 +110,9 @@ func runPlan(_ context.Context, args []string, stdout io.Writer) error {
 	if snap.Now, err = planTime(*nowFlag, snap.Nodes); err != nil {
 		return err
 	}
-	self, err := selfFromFile(*nodeName, snap.Nodes, *privateIP, *privateIface, *ciliumHost, *tunnel)
+	portSet := false
+	fs.Visit(func(f *flag.Flag) { portSet = portSet || f.Name == "port" })
+	self, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, portSet, *privateIP, *privateIface, *ciliumHost, *tunnel)
 	if err != nil {
 		return err
 	}
@@ -171,25 +173,42 @@ func planTime(v string, nodes []topology.Node) (time.Time, error) {
 	return newest, nil
 }
 
-// selfFromFile takes the node's own facts from its published annotations,
-// overridden by flags.
-func selfFromFile(name string, nodes []topology.Node, priv, iface, cilium, tunnel string) (topology.Self, error) {
-	self := topology.Self{Name: name, PrivateInterface: iface, TunnelDevice: tunnel}
-	found := false
-	for _, n := range nodes {
-		if n.Name == name {
-			found = true
-			self.PublicKey, self.Endpoint, self.PrivateIP, self.CiliumHostIP = n.PublicKey, n.Endpoint, n.InternalIP, n.CNICompatibilityIP
-			self.DeviceEndpoints = n.DiscoveredEndpoints
+// selfFromFile stands in for what the agent would observe on the node, from
+// what the dump says of it: its internal-ip and its endpoint's IP on the
+// private interface (which holds the default route), its
+// cni-compatibility-ip as cilium_host's address, and its
+// discovered-endpoints as what its device learned. Flags override. Unless
+// --port is given, the listen port is its endpoint's.
+func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, portSet bool, priv, iface, cilium, tunnel string) (topology.Self, error) {
+	self := topology.Self{Name: name, DefaultInterface: iface, TunnelDevice: tunnel}
+	var n *topology.Node
+	for i := range nodes {
+		if nodes[i].Name == name {
+			n = &nodes[i]
 		}
 	}
-	if !found {
+	if n == nil {
 		return self, fmt.Errorf("node %q is not in the local file", name)
+	}
+	self.PublicKey, self.CiliumHostIP, self.Version = n.PublicKey, n.CNICompatibilityIP, n.MeshletVersion
+	if n.InternalIP.IsValid() {
+		self.Addresses = append(self.Addresses, topology.HostAddress{Interface: iface, Prefix: n.InternalIP})
+	}
+	if ap, err := netip.ParseAddrPort(n.Endpoint); err == nil {
+		if a := ap.Addr().Unmap(); !n.InternalIP.IsValid() || a != n.InternalIP.Addr() {
+			self.Addresses = append(self.Addresses, topology.HostAddress{Interface: iface, Prefix: netip.PrefixFrom(a, a.BitLen())})
+		}
+		if !portSet {
+			set.Port = int(ap.Port())
+		}
+	}
+	for k, ep := range n.DiscoveredEndpoints {
+		self.Device = append(self.Device, topology.DevicePeer{PublicKey: k, Endpoint: ep, Handshake: true})
 	}
 	for _, f := range []struct {
 		flag, v string
 		dst     *netip.Prefix
-	}{{"private-ip", priv, &self.PrivateIP}, {"cilium-host-ip", cilium, &self.CiliumHostIP}} {
+	}{{"private-ip", priv, &set.PrivateIP}, {"cilium-host-ip", cilium, &self.CiliumHostIP}} {
 		if f.v == "" {
 			continue
 		}

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -14,7 +16,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/node"
@@ -115,17 +116,14 @@ func runAgent(ctx context.Context, args []string) error {
 		OnRepair: func(peer string) { repairs.WithLabelValues(peer).Inc() },
 	})
 	changes := mergeSignals(ctx, netlinkChanges, drift)
-	wgAct := &node.WireGuard{Manager: mgr}
-	facts := &node.Facts{Host: host, WireGuard: wgAct, PublicKey: topology.Key(mgr.PublicKey()), Interface: cfg.Interface,
-		Internal: cfg.InternalPrefix(), Port: cfg.Port, Version: version}
+	facts := &node.Facts{Host: host, WireGuard: mgr, Version: version, HostnameAddrs: hostnameAddrs(ctx, log)}
 	agent, err := runner.New(runner.Options{
-		Config: cfg, Node: name, RestConfig: rc, WireGuard: wgAct, Host: &node.Host{Host: host, Underlay: facts.Underlay},
+		Config: cfg, Node: name, RestConfig: rc, WireGuard: &node.WireGuard{Manager: mgr}, Host: &node.Host{Host: host},
 		Self: facts, HostEvents: changes, Registry: reg, Log: log,
 	})
 	if err != nil {
 		return err
 	}
-	facts.Annotations = agent.SelfAnnotations
 	if _, err := agent.Serve(ctx, cfg.Listen); err != nil {
 		return err
 	}
@@ -133,6 +131,27 @@ func runAgent(ctx context.Context, args []string) error {
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
 	log.Info("meshlet stopped; data plane left in place")
 	return err
+}
+
+// hostnameAddrs resolves this host's name, the first source of kg's choice
+// of the private and public IP. It is asked once, briefly: before the mesh
+// is up the cluster's DNS may not be reachable (/etc/hosts answers at once).
+func hostnameAddrs(ctx context.Context, log *slog.Logger) []netip.Addr {
+	h, err := os.Hostname()
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", h)
+	if err != nil {
+		log.Debug("the host name does not resolve; its addresses are not used for the private IP", "hostname", h, "error", err)
+		return nil
+	}
+	for i := range addrs {
+		addrs[i] = addrs[i].Unmap()
+	}
+	return addrs
 }
 
 // driftInterval is how often the WireGuard device is compared with what

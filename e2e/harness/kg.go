@@ -159,8 +159,8 @@ func (k *KgNode) apply(ctx context.Context, local *cluster.Local) error {
 	if err != nil {
 		return err
 	}
-	pl := topology.Compute(snap, topology.Self{Name: k.Name, PrivateIP: k.IP, PrivateInterface: "eth0",
-		Endpoint: netip.AddrPortFrom(k.IP.Addr(), 51820).String(), PublicKey: pub})
+	pl := topology.Compute(snap, topology.Self{Name: k.Name, PublicKey: pub, DefaultInterface: "eth0",
+		Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: k.IP}}})
 	if !pl.Leader {
 		return fmt.Errorf("kg node %s: the stand-in only leads its location", k.Name)
 	}

@@ -61,6 +61,11 @@ type planner struct {
 	segments    []*segment
 	peers       []Peer // local Peer objects, validated and de-duplicated
 	discovered  map[Key]netip.AddrPort
+	// Decided from Self: this node's private IP and interface, endpoint.
+	priv     HostAddress
+	endpoint string
+	// preserve are networks whose device peers stay as they are.
+	preserve    []netip.Prefix
 	localPrefix *prefixSet     // prefixes the local cluster owns
 	usedKeys    map[Key]string // WireGuard peer keys already in the plan
 	remotes     []*remote
@@ -80,6 +85,7 @@ func Compute(snap Snapshot, self Self) Plan {
 		WireGuard:   Device{Interface: p.set.Interface, ListenPort: p.set.Port, MTU: p.set.MTU},
 	}
 	p.plan.Rejections = append(p.plan.Rejections, snap.Rejections...)
+	p.decideSelf()
 	p.build()
 	p.finish()
 	return p.plan
@@ -111,6 +117,20 @@ func (p *planner) reject(obj ObjectRef, field string, reason Reason, msg string)
 	p.plan.Rejections = append(p.plan.Rejections, Rejection{Object: obj, Field: field, Reason: reason, Message: msg})
 }
 
+// decideSelf decides this node's own facts from what was observed and from
+// its published Node (force-endpoint).
+func (p *planner) decideSelf() {
+	force := ""
+	for i := range p.snap.Nodes {
+		if p.snap.Nodes[i].Name == p.self.Name {
+			force = p.snap.Nodes[i].ForceEndpoint
+		}
+	}
+	p.decideHost(force)
+	p.plan.PrivateIP, p.plan.PrivateInterface, p.plan.Endpoint = p.priv.Prefix, p.priv.Interface, p.endpoint
+	p.plan.WireGuard.MTU = p.mtu()
+}
+
 func (p *planner) build() {
 	p.buildSegments()
 	p.publishAnnotations()
@@ -134,6 +154,7 @@ func (p *planner) build() {
 		p.objectPeers()
 	}
 	p.remoteClusters()
+	p.plan.WireGuard.Peers = append(p.plan.WireGuard.Peers, p.preserved(p.preserve)...)
 	p.routes()
 	p.nat()
 }
@@ -173,11 +194,11 @@ func (p *planner) overlaySelf(n Node) Node {
 	if !p.self.PublicKey.IsZero() {
 		n.PublicKey = p.self.PublicKey
 	}
-	if p.self.Endpoint != "" {
-		n.Endpoint = p.self.Endpoint
+	if p.endpoint != "" {
+		n.Endpoint = p.endpoint
 	}
-	if p.self.PrivateIP.IsValid() {
-		n.InternalIP = p.self.PrivateIP
+	if p.priv.Prefix.IsValid() {
+		n.InternalIP = p.priv.Prefix
 	}
 	if p.self.CiliumHostIP.IsValid() {
 		n.CNICompatibilityIP = p.self.CiliumHostIP
@@ -426,7 +447,7 @@ func (p *planner) collectDiscovered() {
 			}
 		}
 	}
-	add(p.self.DeviceEndpoints)
+	add(p.deviceEndpoints())
 	add(p.selfNode.DiscoveredEndpoints)
 	for _, s := range p.segments {
 		for _, n := range s.nodes {
@@ -637,8 +658,8 @@ func (p *planner) publishAnnotations() {
 	if !p.self.PublicKey.IsZero() {
 		a[AnnotationKey] = p.self.PublicKey.String()
 	}
-	a[AnnotationEndpoint] = p.self.Endpoint
-	a[AnnotationInternalIP] = FormatPrefix(p.self.PrivateIP)
+	a[AnnotationEndpoint] = p.endpoint
+	a[AnnotationInternalIP] = FormatPrefix(p.priv.Prefix)
 	a[AnnotationLastSeen] = FormatLastSeen(p.snap.Now)
 	a[AnnotationWireGuardIP] = ""
 	a[AnnotationGranularity] = string(p.set.Granularity)
@@ -654,8 +675,9 @@ func (p *planner) finish() {
 	pl := &p.plan
 	// discovered-endpoints: what this device learned for roaming peers.
 	disc := map[Key]netip.AddrPort{}
+	learned := p.deviceEndpoints()
 	for _, wp := range pl.WireGuard.Peers {
-		if ap, ok := p.self.DeviceEndpoints[wp.PublicKey]; ok && wp.Roaming && usableDiscovered(ap) {
+		if ap, ok := learned[wp.PublicKey]; ok && wp.Roaming && usableDiscovered(ap) {
 			disc[wp.PublicKey] = ap
 		}
 	}

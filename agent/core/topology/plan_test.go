@@ -40,8 +40,27 @@ func node(i int, name, loc, priv, endpoint, pod string) Node {
 	return n
 }
 
+// selfOf is what the agent on n would observe: its internal IP and its
+// endpoint's IP on iface, which holds the default route.
 func selfOf(n Node, iface string) Self {
-	return Self{Name: n.Name, PrivateIP: n.InternalIP, PrivateInterface: iface, Endpoint: n.Endpoint, PublicKey: n.PublicKey}
+	s := Self{Name: n.Name, PublicKey: n.PublicKey, DefaultInterface: iface, DefaultMTU: 1500}
+	if n.InternalIP.IsValid() {
+		s.Addresses = append(s.Addresses, HostAddress{Interface: iface, Prefix: n.InternalIP})
+	}
+	if a := endpointAddr(n.Endpoint); a.IsValid() && (!n.InternalIP.IsValid() || a != n.InternalIP.Addr()) {
+		s.Addresses = append(s.Addresses, HostAddress{Interface: iface, Prefix: netip.PrefixFrom(a, a.BitLen())})
+	}
+	return s
+}
+
+// devicePeers is a device that completed a handshake with each key, at the
+// endpoint given.
+func devicePeers(eps map[Key]netip.AddrPort) []DevicePeer {
+	var out []DevicePeer
+	for k, ep := range eps {
+		out = append(out, DevicePeer{PublicKey: k, Endpoint: ep, Handshake: true})
+	}
+	return out
 }
 
 // threeLocations: a (2 nodes, a-2 has the leader annotation), b (2 nodes,
@@ -318,11 +337,11 @@ func TestDiscoveredEndpointsForRoamingPeers(t *testing.T) {
 	}
 	// This node's own device wins, and it publishes what it learned for
 	// roaming peers only.
-	self.DeviceEndpoints = map[Key]netip.AddrPort{
+	self.Device = devicePeers(map[Key]netip.AddrPort{
 		key(5): netip.MustParseAddrPort("198.51.100.99:41000"),
 		key(4): netip.MustParseAddrPort("198.51.100.2:51820"),
 		key(9): netip.MustParseAddrPort("127.0.0.1:1"),
-	}
+	})
 	pl = Compute(Snapshot{Now: now, Nodes: nodes}, self)
 	if c := peerByName(t, pl, "c-1"); c.Endpoint != "198.51.100.99:41000" {
 		t.Errorf("c-1 endpoint = %s, want the device's", c.Endpoint)

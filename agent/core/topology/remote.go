@@ -73,7 +73,7 @@ func (p *planner) remoteClusters() {
 		case rc != nil && rc.Synced:
 			info.Leaders = p.remotePeers(r, rc)
 		default:
-			p.plan.WireGuard.Preserve = append(p.plan.WireGuard.Preserve, r.networks...)
+			p.preserve = append(p.preserve, r.networks...)
 		}
 		p.plan.Remotes = append(p.plan.Remotes, info)
 	}

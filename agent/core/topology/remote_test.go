@@ -114,7 +114,7 @@ func TestRemoteNATedWithDiscoveredEndpoint(t *testing.T) {
 	snap := twoClusters()
 	// by-1 is NATed: the device learned where its packets come from.
 	self := selfOf(snap.Nodes[1], "eth0")
-	self.DeviceEndpoints = map[Key]netip.AddrPort{key(23): netip.MustParseAddrPort("198.51.100.200:33333")}
+	self.Device = devicePeers(map[Key]netip.AddrPort{key(23): netip.MustParseAddrPort("198.51.100.200:33333")})
 	pl := Compute(snap, self)
 	by := peerByName(t, pl, "by-1")
 	if by.Endpoint != "198.51.100.200:33333" || by.EndpointSource != "discovered" || !by.Roaming {
@@ -243,20 +243,37 @@ func TestUnsyncedRemoteRoutesOnly(t *testing.T) {
 	pl := Compute(snap, selfOf(snap.Nodes[1], "eth0"))
 	for _, p := range pl.WireGuard.Peers {
 		if p.Kind == KindRemote {
-			t.Fatalf("peer %s from an unsynced cluster", p.Name)
+			t.Fatalf("peer %s from an unsynced cluster (no device peers to preserve)", p.Name)
 		}
 	}
 	if _, ok := routeTo(pl, "10.2.0.0/16", 0); !ok {
 		t.Error("remote networks must still route to kilo0 (never leak to the default route)")
 	}
 	// The device keeps whatever peers it has for that cluster until the
-	// watcher has synced (e.g. right after a restart).
-	if !reflect.DeepEqual(pl.WireGuard.Preserve, snap.Meshes[0].Clusters[1].AllowedNetworks) {
-		t.Errorf("preserve = %v", pl.WireGuard.Preserve)
+	// watcher has synced (e.g. right after a restart): a device peer inside
+	// the cluster's networks stays exactly as it is; one partly outside, or
+	// without allowed IPs, does not.
+	self := selfOf(snap.Nodes[1], "eth0")
+	self.Device = []DevicePeer{
+		{PublicKey: key(21), AllowedIPs: pfxs("10.2.1.0/24", "100.66.1.1/32"), PersistentKeepalive: 25,
+			Endpoint: netip.MustParseAddrPort("198.51.100.1:40000"), Handshake: true},
+		{PublicKey: key(22), AllowedIPs: pfxs("10.2.2.0/24", "10.9.0.0/24")},
+		{PublicKey: key(24)},
 	}
-	snap.Remotes = nil // not even watched yet
-	if pl = Compute(snap, selfOf(snap.Nodes[1], "eth0")); len(pl.WireGuard.Preserve) != 4 {
-		t.Errorf("preserve without a watcher = %v", pl.WireGuard.Preserve)
+	for _, remotes := range [][]RemoteCluster{snap.Remotes, nil /* not even watched yet */} {
+		snap.Remotes = remotes
+		pl = Compute(snap, self)
+		var kept []WireGuardPeer
+		for _, p := range pl.WireGuard.Peers {
+			if p.Kind == KindRemote {
+				kept = append(kept, p)
+			}
+		}
+		want := []WireGuardPeer{{Name: "preserved", Kind: KindRemote, PublicKey: key(21), AllowedIPs: pfxs("10.2.1.0/24", "100.66.1.1/32"),
+			Endpoint: "198.51.100.1:40000", EndpointSource: "device", PersistentKeepalive: 25, Roaming: true}}
+		if !reflect.DeepEqual(kept, want) {
+			t.Errorf("remotes %v: kept %+v, want %+v", remotes != nil, kept, want)
+		}
 	}
 }
 

@@ -49,7 +49,7 @@ func (p *planner) encapsulates(gw netip.Addr) bool {
 // tunnel when encapsulation applies (then with src = private IP, so replies
 // come back to an address the peer can reach).
 func (p *planner) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
-	r := Route{Dst: dst, Gw: gw, Dev: p.self.PrivateInterface, OnLink: true}
+	r := Route{Dst: dst, Gw: gw, Dev: p.priv.Interface, OnLink: true}
 	if p.encapsulates(gw) {
 		r.Dev = p.tunnel()
 		if p.selfNode.InternalIP.IsValid() {

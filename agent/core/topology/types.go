@@ -77,33 +77,42 @@ type Settings struct {
 	// ClusterName selects this cluster's entry in ClusterMesh objects; empty
 	// means the entry marked local.
 	ClusterName string
-	// MTU is the WireGuard interface MTU; 0 means auto (underlay − 80), which
-	// the link actuator resolves.
+	// MTU is the WireGuard interface MTU; 0 means auto (the default route
+	// interface's MTU − 80, Kilo's rule).
 	MTU int
+	// PrivateIP, when set, is this node's private IP (with its mask)
+	// instead of the discovered one.
+	PrivateIP netip.Prefix
+	// InternalCIDRs, when set, limit the discovery of the private IP to
+	// addresses inside them (kg's --internal-cidr).
+	InternalCIDRs []netip.Prefix
 }
 
-// Self holds the facts about this node that no Kubernetes object holds.
+// Self is what the agent observed on this node (no Kubernetes object holds
+// it). The planner decides from it: the private IP and its interface, the
+// endpoint, the MTU, the endpoints learned, the peers to preserve.
 type Self struct {
 	Name string
-	// PrivateIP is the node's private address with its subnet mask, e.g.
-	// 192.168.1.34/24 (from --internal-cidr or the default route's interface).
-	PrivateIP netip.Prefix
-	// PrivateInterface is the underlay interface carrying PrivateIP.
-	PrivateInterface string
-	// CiliumHostIP is the IPv4 address of cilium_host, if any.
-	CiliumHostIP netip.Prefix
-	// Endpoint is the host:port this node advertises (force-endpoint wins).
-	Endpoint string
 	// PublicKey is this node's WireGuard public key.
 	PublicKey Key
+	// Version is this meshlet's version, published in meshlet.io/version.
+	Version string
+	// Addresses are the host's global unicast addresses, except those of
+	// the WireGuard interface, the tunnels and Cilium's own devices.
+	Addresses []HostAddress
+	// HostnameAddrs are the addresses the node's hostname resolves to.
+	HostnameAddrs []netip.Addr
+	// DefaultInterface is the interface of the IPv4 default route ("" =
+	// none) and DefaultMTU its MTU (0 = unknown).
+	DefaultInterface string
+	DefaultMTU       int
+	// CiliumHostIP is the IPv4 address of cilium_host, if any.
+	CiliumHostIP netip.Prefix
 	// TunnelDevice is the IPIP device present on the node: "cilium_tunl",
 	// "tunl0" or "" when none exists yet.
 	TunnelDevice string
-	// DeviceEndpoints are the endpoints the local WireGuard device learned, by
-	// peer key; they become this node's discovered-endpoints annotation.
-	DeviceEndpoints map[Key]netip.AddrPort
-	// Version is this meshlet's version, published in meshlet.io/version.
-	Version string
+	// Device is the WireGuard device's peers as read.
+	Device []DevicePeer
 }
 
 // Node is one Kubernetes node as the planner needs it, already parsed from
@@ -258,15 +267,10 @@ type WireGuardPeer struct {
 type Device struct {
 	Interface  string          `json:"interface"`
 	ListenPort int             `json:"listenPort"`
-	MTU        int             `json:"mtu,omitempty"` // 0 = auto
+	MTU        int             `json:"mtu"`
 	Up         bool            `json:"up"`
 	Addresses  []netip.Prefix  `json:"addresses"`
 	Peers      []WireGuardPeer `json:"peers"`
-	// Preserve lists networks whose peers are unknown right now (a remote
-	// cluster not synced yet, e.g. just after a restart): a device peer that
-	// is not in Peers but whose allowed IPs all lie inside Preserve is left
-	// as it is, so its session survives until the watcher knows better.
-	Preserve []netip.Prefix `json:"preserve,omitempty"`
 }
 
 // Route is one desired route. Table 0 means main.
@@ -355,19 +359,25 @@ type Rejection struct {
 
 // Plan is one node's desired network state.
 type Plan struct {
-	Node        string            `json:"node"`
-	Cluster     string            `json:"cluster,omitempty"`
-	Leader      bool              `json:"leader"`
-	Segment     string            `json:"segment"`
-	Location    string            `json:"location,omitempty"`
-	WireGuardIP netip.Prefix      `json:"wireguardIP"`
-	WireGuard   Device            `json:"wireguard"`
-	Routes      []Route           `json:"routes"`
-	Rules       []Rule            `json:"rules"`
-	Tunnel      Tunnel            `json:"tunnel"`
-	NAT         NAT               `json:"nat"`
-	Annotations map[string]string `json:"annotations"`
-	Rejections  []Rejection       `json:"rejections"`
+	Node string `json:"node"`
+	// PrivateIP and PrivateInterface are this node's private address and
+	// the underlay interface carrying it (routes to other nodes leave
+	// through it); Endpoint is what it advertises.
+	PrivateIP        netip.Prefix      `json:"privateIP,omitzero"`
+	PrivateInterface string            `json:"privateInterface,omitempty"`
+	Endpoint         string            `json:"endpoint,omitempty"`
+	Cluster          string            `json:"cluster,omitempty"`
+	Leader           bool              `json:"leader"`
+	Segment          string            `json:"segment"`
+	Location         string            `json:"location,omitempty"`
+	WireGuardIP      netip.Prefix      `json:"wireguardIP"`
+	WireGuard        Device            `json:"wireguard"`
+	Routes           []Route           `json:"routes"`
+	Rules            []Rule            `json:"rules"`
+	Tunnel           Tunnel            `json:"tunnel"`
+	NAT              NAT               `json:"nat"`
+	Annotations      map[string]string `json:"annotations"`
+	Rejections       []Rejection       `json:"rejections"`
 	// Segments describes the computed topology, for people and kgctl-like
 	// output.
 	Segments []SegmentInfo `json:"segments"`

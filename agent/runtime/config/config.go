@@ -204,8 +204,6 @@ func (c *Config) Settings() topology.Settings {
 		ServiceCIDRs:  c.parsed.services,
 		ClusterName:   c.ClusterName,
 		MTU:           c.parsed.mtu,
+		PrivateIP:     c.parsed.internal,
 	}
 }
-
-// InternalPrefix returns --internal-cidr parsed (zero when unset).
-func (c *Config) InternalPrefix() netip.Prefix { return c.parsed.internal }

@@ -39,7 +39,7 @@ func TestCozystackFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := c.Settings()
-	if s.Compatibility != "cilium" || s.Local || s.Subnet.String() != "100.66.0.0/16" || len(s.ServiceCIDRs) != 1 || c.InternalPrefix().String() != "192.168.1.10/32" {
+	if s.Compatibility != "cilium" || s.Local || s.Subnet.String() != "100.66.0.0/16" || len(s.ServiceCIDRs) != 1 || s.PrivateIP.String() != "192.168.1.10/32" {
 		t.Fatalf("settings = %+v", s)
 	}
 }

@@ -11,7 +11,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/wg"
 )
 
 // Agent holds the agent-level metrics.
@@ -68,20 +71,9 @@ func NewSessionRepairs(reg prometheus.Registerer) *prometheus.CounterVec {
 	return c
 }
 
-// PeerStat is what the device reports about one peer.
-type PeerStat struct {
-	PublicKey           topology.Key
-	Endpoint            netip.AddrPort
-	LastHandshake       time.Time // zero = never
-	ReceiveBytes        int64
-	TransmitBytes       int64
-	PersistentKeepalive time.Duration
-	AllowedIPs          []netip.Prefix
-}
-
 // StatsSource reads the device; it is called at scrape time.
 type StatsSource interface {
-	PeerStats(ctx context.Context) ([]PeerStat, error)
+	Stats(ctx context.Context) (wg.DeviceStats, error)
 }
 
 // PeerInfo is what the plan says about a peer (labels).
@@ -109,8 +101,8 @@ type Collector struct {
 	now    func() time.Time
 
 	mu     sync.Mutex
-	info   map[topology.Key]PeerInfo
-	txSeen map[topology.Key]txMark
+	info   map[wgtypes.Key]PeerInfo
+	txSeen map[wgtypes.Key]txMark
 
 	handshake, rx, tx, keepalive, up *prometheus.Desc
 	compatSent, compatRecv, compatHS *prometheus.Desc
@@ -132,7 +124,7 @@ func NewCollector(iface string, source StatsSource, compat bool, now func() time
 	compatLabels := []string{"interface", "public_key", "allowed_ips"}
 	return &Collector{
 		iface: iface, source: source, compat: compat, now: now,
-		info: map[topology.Key]PeerInfo{}, txSeen: map[topology.Key]txMark{},
+		info: map[wgtypes.Key]PeerInfo{}, txSeen: map[wgtypes.Key]txMark{},
 		handshake: prometheus.NewDesc("meshlet_peer_last_handshake_timestamp_seconds",
 			"Unix time of the peer's last handshake; absent when it never completed one.", labels, nil),
 		rx: prometheus.NewDesc("meshlet_peer_receive_bytes_total", "Bytes received from the peer.", labels, nil),
@@ -151,9 +143,9 @@ func NewCollector(iface string, source StatsSource, compat bool, now func() time
 
 // SetPeers records the labels of the planned peers.
 func (c *Collector) SetPeers(peers []topology.WireGuardPeer) {
-	m := make(map[topology.Key]PeerInfo, len(peers))
+	m := make(map[wgtypes.Key]PeerInfo, len(peers))
 	for _, p := range peers {
-		m[p.PublicKey] = PeerInfo{Name: p.Name, Kind: string(p.Kind), Cluster: p.Cluster, Location: p.Location}
+		m[wgtypes.Key(p.PublicKey)] = PeerInfo{Name: p.Name, Kind: string(p.Kind), Cluster: p.Cluster, Location: p.Location}
 	}
 	c.mu.Lock()
 	c.info = m
@@ -176,7 +168,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stats, err := c.source.PeerStats(ctx)
+	dev, err := c.source.Stats(ctx)
+	stats := dev.Peers
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.scrapeErr, prometheus.GaugeValue, 1, c.iface)
 		return
@@ -185,7 +178,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	seen := make(map[topology.Key]bool, len(stats))
+	seen := make(map[wgtypes.Key]bool, len(stats))
 	for _, s := range stats {
 		seen[s.PublicKey] = true
 		info := c.info[s.PublicKey]

@@ -9,12 +9,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/wg"
 )
 
-type fakeSource struct{ stats []PeerStat }
+type fakeSource struct{ stats []wg.PeerStats }
 
-func (f *fakeSource) PeerStats(context.Context) ([]PeerStat, error) { return f.stats, nil }
+func (f *fakeSource) Stats(context.Context) (wg.DeviceStats, error) {
+	return wg.DeviceStats{Peers: f.stats}, nil
+}
 
 func k(i byte) topology.Key { var x topology.Key; x[0] = i; return x }
 
@@ -31,12 +36,12 @@ func TestPeerUpIsHonest(t *testing.T) {
 		{Name: "sending", Kind: topology.KindSegment, PublicKey: k(5)},
 	})
 	ka := 25 * time.Second
-	src.stats = []PeerStat{
-		{PublicKey: k(1), PersistentKeepalive: ka, LastHandshake: now.Add(-100 * time.Second), TransmitBytes: 10},
-		{PublicKey: k(2), PersistentKeepalive: ka, LastHandshake: now.Add(-200 * time.Second), TransmitBytes: 10},
-		{PublicKey: k(3), PersistentKeepalive: ka},
-		{PublicKey: k(4), LastHandshake: now.Add(-time.Hour), TransmitBytes: 50},
-		{PublicKey: k(5), LastHandshake: now.Add(-time.Hour), TransmitBytes: 50},
+	src.stats = []wg.PeerStats{
+		{PublicKey: wgtypes.Key(k(1)), PersistentKeepalive: ka, LastHandshake: now.Add(-100 * time.Second), TransmitBytes: 10},
+		{PublicKey: wgtypes.Key(k(2)), PersistentKeepalive: ka, LastHandshake: now.Add(-200 * time.Second), TransmitBytes: 10},
+		{PublicKey: wgtypes.Key(k(3)), PersistentKeepalive: ka},
+		{PublicKey: wgtypes.Key(k(4)), LastHandshake: now.Add(-time.Hour), TransmitBytes: 50},
+		{PublicKey: wgtypes.Key(k(5)), LastHandshake: now.Add(-time.Hour), TransmitBytes: 50},
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
@@ -77,9 +82,9 @@ meshlet_peer_up{cluster="",interface="kilo0",kind="segment",location="",peer="se
 
 func TestWireGuardExporterCompat(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	src := &fakeSource{stats: []PeerStat{
-		{PublicKey: k(1), LastHandshake: now, TransmitBytes: 7, ReceiveBytes: 9},
-		{PublicKey: k(2)},
+	src := &fakeSource{stats: []wg.PeerStats{
+		{PublicKey: wgtypes.Key(k(1)), LastHandshake: now, TransmitBytes: 7, ReceiveBytes: 9},
+		{PublicKey: wgtypes.Key(k(2))},
 	}}
 	c := NewCollector("kilo0", src, true, func() time.Time { return now })
 	reg := prometheus.NewPedanticRegistry()

@@ -29,12 +29,10 @@ func WireGuardSpec(d topology.Device) wg.DeviceSpec {
 }
 
 // HostSpec is the host part of a plan in the host actuator's terms.
-// underlay is the interface auto MTU derives from ("" = the default
-// route's).
-func HostSpec(p topology.Plan, underlay string) netlinkx.Spec {
+func HostSpec(p topology.Plan) netlinkx.Spec {
 	s := netlinkx.Spec{
 		Link: netlinkx.LinkSpec{
-			Name: p.WireGuard.Interface, MTU: p.WireGuard.MTU, Underlay: underlay, Up: p.WireGuard.Up,
+			Name: p.WireGuard.Interface, MTU: p.WireGuard.MTU, Up: p.WireGuard.Up,
 			Addresses: p.WireGuard.Addresses,
 		},
 		Tunnel:   netlinkx.Tunnel(p.Tunnel),

@@ -76,7 +76,8 @@ func newLoop(t *testing.T, now time.Time) (*Loop, *fakeSnap, *fakeWG, *prometheu
 	wg := &fakeWG{done: make(chan topology.Device, 16)}
 	reg := prometheus.NewRegistry()
 	l := &Loop{
-		Node: "a", Snapshots: snap, Self: fakeSelf{topology.Self{PublicKey: k, PrivateIP: nodes[0].InternalIP, Endpoint: nodes[0].Endpoint}},
+		Node: "a", Snapshots: snap, Self: fakeSelf{topology.Self{PublicKey: k, DefaultInterface: "eth0",
+			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: nodes[0].InternalIP}}}},
 		WireGuard: wg, Host: &fakeHost{}, Publisher: &fakePub{}, Metrics: metrics.NewAgent(reg),
 		Now: func() time.Time { return now }, Debounce: 10 * time.Millisecond, Resync: time.Hour,
 	}

@@ -32,10 +32,10 @@ import (
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/config"
-	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/wg"
 )
 
 // fakeWG records every applied device; tests wait on it.
@@ -63,7 +63,7 @@ func (f *fakeWG) Apply(_ context.Context, d topology.Device) (reconcile.Changes,
 	return reconcile.Changes{}, nil
 }
 
-func (f *fakeWG) PeerStats(context.Context) ([]metrics.PeerStat, error) { return nil, nil }
+func (f *fakeWG) Stats(context.Context) (wg.DeviceStats, error) { return wg.DeviceStats{}, nil }
 
 func (f *fakeWG) count() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.applied) }
 
@@ -238,8 +238,8 @@ spec:
 	agent, err := runner.New(runner.Options{
 		Config: cfg, Node: "a-1", RestConfig: local.ServiceAccountConfig(ctx, "kilo-system", "meshlet"),
 		WireGuard: wg, Host: fakeHost{},
-		Self: fakeSelf{topology.Self{PublicKey: key(1), PrivateIP: netip.MustParsePrefix("192.168.1.1/24"),
-			PrivateInterface: "eth0", Endpoint: "192.168.1.1:51820"}},
+		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
+			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), RemoteProbe: 300 * time.Millisecond,
 	})
 	if err != nil {

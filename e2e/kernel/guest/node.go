@@ -36,10 +36,9 @@ type driver interface {
 
 // applyInput is what run hands to `guest apply` in a node's namespace.
 type applyInput struct {
-	Node     string        `json:"node"`
-	KeyPath  string        `json:"keyPath"`
-	Underlay string        `json:"underlay"`
-	Plan     topology.Plan `json:"plan"`
+	Node    string        `json:"node"`
+	KeyPath string        `json:"keyPath"`
+	Plan    topology.Plan `json:"plan"`
 }
 
 // applyResult is what `guest apply` reports back.
@@ -80,10 +79,9 @@ func newPlanDriver(dir string, ks keys, ps map[string]topology.Plan) (*planDrive
 func (d *planDriver) apply(ctx context.Context, n nodeDef) (applyResult, error) {
 	var res applyResult
 	in := applyInput{
-		Node:     n.Name,
-		KeyPath:  filepath.Join(d.dir, n.Name, "key"),
-		Underlay: underlay,
-		Plan:     d.plans[n.Name],
+		Node:    n.Name,
+		KeyPath: filepath.Join(d.dir, n.Name, "key"),
+		Plan:    d.plans[n.Name],
 	}
 	b, err := json.Marshal(in)
 	if err != nil {
@@ -147,7 +145,7 @@ func applyCmd(file string) error {
 		return err
 	}
 	defer host.Close()
-	if res.Host, err = host.Apply(ctx, node.HostSpec(in.Plan, in.Underlay)); err != nil {
+	if res.Host, err = host.Apply(ctx, node.HostSpec(in.Plan)); err != nil {
 		errs = append(errs, "netlinkx: "+err.Error())
 	}
 	res.HostChanged = res.Host.Changed()

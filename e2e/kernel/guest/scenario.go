@@ -143,15 +143,18 @@ func snapshot(ks keys, now time.Time) topology.Snapshot {
 
 // self is what node n knows about itself that no object holds.
 func self(n nodeDef, ks keys) topology.Self {
-	return topology.Self{
+	s := topology.Self{
 		Name:             n.Name,
-		PrivateIP:        n.Private,
-		PrivateInterface: underlay,
-		CiliumHostIP:     n.CiliumHost,
-		Endpoint:         n.endpoint(),
 		PublicKey:        ks.public(n.Name),
+		DefaultInterface: underlay,
+		Addresses:        []topology.HostAddress{{Interface: underlay, Prefix: n.Private}},
+		CiliumHostIP:     n.CiliumHost,
 		TunnelDevice:     tunnelDev,
 	}
+	if ap, err := netip.ParseAddrPort(n.endpoint()); err == nil && ap.Addr() != n.Private.Addr() {
+		s.Addresses = append(s.Addresses, topology.HostAddress{Interface: underlay, Prefix: netip.PrefixFrom(ap.Addr(), 32)})
+	}
+	return s
 }
 
 // plans computes every node's plan from the same snapshot.

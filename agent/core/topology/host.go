@@ -1,0 +1,192 @@
+package topology
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// This node's own facts, decided from what the agent observed on the host
+// (Self): its private IP and the interface carrying it, the endpoint it
+// advertises, the WireGuard MTU, the endpoints its device learned. Kilo
+// decides them in kg at start; here they are part of every plan, so they
+// follow the host.
+
+// HostAddress is one address of the host and the interface carrying it.
+type HostAddress struct {
+	Interface string
+	Prefix    netip.Prefix
+}
+
+// DevicePeer is one peer of the WireGuard device as the agent read it.
+type DevicePeer struct {
+	PublicKey Key
+	// Endpoint is where the peer is now (learned or configured); zero = none.
+	Endpoint            netip.AddrPort
+	Handshake           bool // a handshake completed at some point
+	AllowedIPs          []netip.Prefix
+	PersistentKeepalive int // seconds
+}
+
+// Kilo's constants for the WireGuard link.
+const (
+	// wireGuardOverhead is what WireGuard adds to a packet (IPv6 outer
+	// header, UDP, WireGuard header): the interface MTU is the underlay's
+	// minus this.
+	wireGuardOverhead = 80
+	// defaultMTU is used when the underlay's MTU is unknown.
+	defaultMTU = 1420
+)
+
+// hostIPs is Kilo's choice of a node's private and public IP (kg's getIP):
+// the private IP is the first non-public address to which the hostname
+// resolves, else of the default route's interface, else of any interface
+// (only inside allowed, when set — kg's --internal-cidr); the public IP the
+// first public one in the same order, else the private IP. Within each
+// source IPv4 comes first. ok is false when the host has no address at all.
+func hostIPs(self Self, allowed []netip.Prefix) (priv, pub HostAddress, ok bool) {
+	var byHostname, byDefault []HostAddress
+	for _, a := range self.Addresses {
+		if slices.Contains(self.HostnameAddrs, a.Prefix.Addr()) {
+			byHostname = append(byHostname, a)
+		}
+		if a.Interface == self.DefaultInterface {
+			byDefault = append(byDefault, a)
+		}
+	}
+	var privs, pubs []HostAddress
+	for _, source := range [][]HostAddress{byHostname, byDefault, self.Addresses} {
+		var sp, su []HostAddress
+		for _, a := range source {
+			ip := a.Prefix.Addr()
+			if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() {
+				continue
+			}
+			if isPublic(ip) {
+				su = append(su, a)
+			} else if len(allowed) == 0 || slices.ContainsFunc(allowed, func(c netip.Prefix) bool { return c.Contains(ip) }) {
+				sp = append(sp, a)
+			}
+		}
+		sortHostAddresses(sp)
+		sortHostAddresses(su)
+		privs, pubs = append(privs, sp...), append(pubs, su...)
+	}
+	if len(privs) == 0 && len(pubs) == 0 {
+		return priv, pub, false
+	}
+	if len(privs) > 0 {
+		priv = privs[0]
+	}
+	pub = priv
+	if len(pubs) > 0 {
+		pub = pubs[0]
+	}
+	return priv, pub, true
+}
+
+// sortHostAddresses is Kilo's order: IPv4 first, then by the CIDR's text.
+func sortHostAddresses(as []HostAddress) {
+	slices.SortStableFunc(as, func(a, b HostAddress) int {
+		a4, b4 := a.Prefix.Addr().Is4(), b.Prefix.Addr().Is4()
+		switch {
+		case a4 && !b4:
+			return -1
+		case b4 && !a4:
+			return 1
+		}
+		return strings.Compare(a.Prefix.String(), b.Prefix.String())
+	})
+}
+
+// decideHost fills in this node's private IP, private interface and
+// endpoint: an explicit private IP (Settings.PrivateIP) wins over
+// discovery; the endpoint is the node's force-endpoint when valid, else its
+// public IP with the listen port.
+func (p *planner) decideHost(forceEndpoint string) {
+	priv, pub, ok := hostIPs(p.self, p.set.InternalCIDRs)
+	if want := p.set.PrivateIP; want.IsValid() {
+		priv = HostAddress{Prefix: want}
+		for _, a := range p.self.Addresses {
+			if a.Prefix.Addr() == want.Addr() {
+				priv.Interface = a.Interface
+			}
+		}
+		if !ok {
+			pub, ok = priv, true
+		}
+	}
+	p.priv = priv
+	switch {
+	case forceEndpoint != "":
+		p.endpoint = forceEndpoint
+	case ok && pub.Prefix.IsValid():
+		p.endpoint = net.JoinHostPort(pub.Prefix.Addr().String(), strconv.Itoa(p.set.Port))
+	}
+}
+
+// mtu is the WireGuard interface's MTU: --mtu, else Kilo's auto rule (the
+// default route interface's MTU minus WireGuard's overhead).
+func (p *planner) mtu() int {
+	switch {
+	case p.set.MTU > 0:
+		return p.set.MTU
+	case p.self.DefaultMTU > 0:
+		return p.self.DefaultMTU - wireGuardOverhead
+	}
+	return defaultMTU
+}
+
+// deviceEndpoints are the endpoints this node's device learned: peers that
+// completed a handshake (Kilo's discoverNATEndpoints reads the same).
+func (p *planner) deviceEndpoints() map[Key]netip.AddrPort {
+	out := map[Key]netip.AddrPort{}
+	for _, d := range p.self.Device {
+		if d.Handshake && d.Endpoint.IsValid() {
+			out[d.PublicKey] = d.Endpoint
+		}
+	}
+	return out
+}
+
+// preserved returns the device's peers that are not planned and whose
+// allowed IPs all lie inside networks whose peers are unknown right now (a
+// remote cluster not synced yet, e.g. just after a restart): they are kept
+// exactly as they are, so their sessions survive until the watcher knows
+// better.
+func (p *planner) preserved(networks []netip.Prefix) []WireGuardPeer {
+	if len(networks) == 0 {
+		return nil
+	}
+	planned := map[Key]bool{}
+	for _, wp := range p.plan.WireGuard.Peers {
+		planned[wp.PublicKey] = true
+	}
+	set := newPrefixSet(networks)
+	var out []WireGuardPeer
+	for _, d := range p.self.Device {
+		if planned[d.PublicKey] || len(d.AllowedIPs) == 0 || !allCovered(set, d.AllowedIPs) {
+			continue
+		}
+		wp := WireGuardPeer{
+			Name: "preserved", Kind: KindRemote, PublicKey: d.PublicKey, AllowedIPs: sortedUnique(d.AllowedIPs),
+			PersistentKeepalive: d.PersistentKeepalive, Roaming: true, EndpointSource: "device",
+		}
+		if d.Endpoint.IsValid() {
+			wp.Endpoint = d.Endpoint.String()
+		}
+		out = append(out, wp)
+	}
+	return out
+}
+
+func allCovered(set *prefixSet, ps []netip.Prefix) bool {
+	for _, x := range ps {
+		if _, in := set.covering(x); !in {
+			return false
+		}
+	}
+	return true
+}
