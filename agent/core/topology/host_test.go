@@ -9,7 +9,9 @@ import (
 // addresses, then the default route's interface, then any interface; IPv4
 // first; only RFC 1918 (and fd00::/16) is private, so CGNAT is public.
 func TestHostIPs(t *testing.T) {
-	ha := func(iface, p string) HostAddress { return HostAddress{Interface: iface, Prefix: netip.MustParsePrefix(p)} }
+	ha := func(iface, p string) HostAddress {
+		return HostAddress{Interface: iface, Prefix: netip.MustParsePrefix(p)}
+	}
 	tests := []struct {
 		name     string
 		self     Self

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -212,15 +214,30 @@ func (l *Local) State(clusterName string) LocalState {
 	return st
 }
 
-// MeshOf returns the ClusterMesh that declares a remote cluster (for
-// Events about that cluster's objects).
-func MeshOf(res clustermesh.Result, cluster string) (string, string, bool) {
-	for _, k := range res.Kubeconfigs {
-		if k.Cluster == cluster {
-			return k.Mesh.Namespace, k.Mesh.Name, true
-		}
+// UID returns the UID of a watched object (kind Node, Peer or ClusterMesh),
+// for Events that `kubectl describe` lists.
+func (l *Local) UID(kind, namespace, name string) (types.UID, bool) {
+	var store cache.Store
+	key := name
+	switch kind {
+	case "Node":
+		store = l.nodeInf.GetStore()
+	case "Peer":
+		store = l.peerInf.GetStore()
+	case "ClusterMesh":
+		store, key = l.meshInf.GetStore(), namespace+"/"+name
+	default:
+		return "", false
 	}
-	return "", "", false
+	obj, ok, err := store.GetByKey(key)
+	if err != nil || !ok {
+		return "", false
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return "", false
+	}
+	return m.GetUID(), true
 }
 
 // String is for logs.

@@ -106,11 +106,10 @@ func BenchmarkRemoteWatch10kNodes(b *testing.B) {
 		before := heapInUse()
 		rctx, cancel := context.WithCancel(ctx)
 		synced := make(chan struct{}, 1)
-		rs := &cluster.Remotes{Notify: func(time.Time) {}}
+		rs := &cluster.Remotes{Notify: func(time.Time) {}, Secrets: func(string, string) ([]byte, bool) { return kc, true }}
 		rs.Start(rctx)
 		t0 := time.Now()
-		rs.Sync(true, []clustermesh.Kubeconfig{{Cluster: "remote", Name: "kc", Key: "kubeconfig"}},
-			func(string, string) ([]byte, bool) { return kc, true })
+		rs.Reconcile(true, []clustermesh.Kubeconfig{{Cluster: "remote", Name: "kc", Key: "kubeconfig"}})
 		go func() {
 			for {
 				st, _ := rs.State()

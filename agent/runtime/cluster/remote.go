@@ -28,8 +28,10 @@ import (
 // outages and credential rotations: nothing is forgotten because a remote
 // API server is briefly unreachable.
 type Remotes struct {
-	Notify func(seen time.Time)
-	Log    *slog.Logger
+	// Secrets reads the kubeconfig Secrets (the local namespace's).
+	Secrets Secrets
+	Notify  func(seen time.Time)
+	Log     *slog.Logger
 	// Metrics may be nil.
 	Metrics *metrics.Agent
 	// ProbeInterval is how often a remote API server's /readyz is checked.
@@ -51,11 +53,11 @@ func (rs *Remotes) Start(ctx context.Context) {
 	rs.mu.Unlock()
 }
 
-// Sync starts, restarts (rotated kubeconfig) and stops watchers to match
-// the remote clusters of the accepted ClusterMeshes, or stops all of them
-// when this node does not lead. It is cheap when nothing changed, so the
-// loop calls it on every plan.
-func (rs *Remotes) Sync(leader bool, kcs []clustermesh.Kubeconfig, secrets Secrets) {
+// Reconcile starts, restarts (rotated kubeconfig) and stops watchers to
+// match the remote clusters of the accepted ClusterMeshes, or stops all of
+// them when this node does not lead. It is cheap when nothing changed, so
+// the loop runs it after every plan.
+func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.ctx == nil {
@@ -67,7 +69,7 @@ func (rs *Remotes) Sync(leader bool, kcs []clustermesh.Kubeconfig, secrets Secre
 			if _, dup := want[k.Cluster]; dup {
 				continue // the same cluster in two meshes: one watcher
 			}
-			data, ok := secrets(k.Name, k.Key)
+			data, ok := rs.Secrets(k.Name, k.Key)
 			if !ok {
 				rs.log().Warn("kubeconfig secret missing", "cluster", k.Cluster, "secret", k.Namespace+"/"+k.Name, "key", k.Key)
 				want[k.Cluster] = nil
@@ -140,20 +142,6 @@ func (rs *Remotes) State() ([]topology.RemoteCluster, []topology.Rejection) {
 		rejs = append(rejs, r...)
 	}
 	return out, rejs
-}
-
-// Ready reports, per watched cluster, whether its API is reachable and
-// synced.
-func (rs *Remotes) Ready() map[string]bool {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	out := map[string]bool{}
-	for name, w := range rs.watchers {
-		w.mu.Lock()
-		out[name] = w.ready && w.synced
-		w.mu.Unlock()
-	}
-	return out
 }
 
 // remote is the watcher of one remote cluster. Its state outlives

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,51 +17,28 @@ import (
 )
 
 // Source assembles the planner's snapshot from the local and remote
-// watchers, and starts or stops remote watchers as this node's role
-// changes.
+// watchers.
 type Source struct {
 	Local       *Local
 	Remotes     *Remotes
 	ClusterName string
-
-	mu   sync.Mutex
-	mesh clustermesh.Result
 }
 
 // Synced reports whether the local caches listed once.
 func (s *Source) Synced() bool { return s.Local.Synced() }
 
-// Snapshot implements reconcile.Snapshotter.
-func (s *Source) Snapshot() topology.Snapshot {
+// Snapshot implements reconcile.Snapshotter: the planner's input, and the
+// remote clusters' credentials the accepted ClusterMeshes name (for the
+// remote watchers, which follow the plan).
+func (s *Source) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
 	st := s.Local.State(s.ClusterName)
-	s.mu.Lock()
-	s.mesh = st.Mesh
-	s.mu.Unlock()
 	snap := topology.Snapshot{Nodes: st.Nodes, Peers: st.Peers, Meshes: st.Mesh.Meshes, Rejections: st.Rejections}
 	if s.Remotes != nil {
 		rcs, rejs := s.Remotes.State()
 		snap.Remotes = rcs
 		snap.Rejections = append(snap.Rejections, rejs...)
 	}
-	return snap
-}
-
-// OnPlan starts remote watchers on a leader and stops them otherwise.
-func (s *Source) OnPlan(plan topology.Plan) {
-	if s.Remotes == nil {
-		return
-	}
-	s.mu.Lock()
-	kcs := s.mesh.Kubeconfigs
-	s.mu.Unlock()
-	s.Remotes.Sync(plan.Leader, kcs, s.Local.SecretData)
-}
-
-// MeshOf resolves the ClusterMesh that declares a remote cluster.
-func (s *Source) MeshOf(cluster string) (string, string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return MeshOf(s.mesh, cluster)
+	return snap, st.Mesh.Kubeconfigs
 }
 
 // Publisher writes this node's Kilo annotations with a merge patch of the

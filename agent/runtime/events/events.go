@@ -1,26 +1,28 @@
 // Package events turns the planner's rejections into what a user sees: a
-// Kubernetes Event on the object concerned, a log line with the reason, and
-// meshlet_rejections_total{reason}. Each rejection is reported once while it
-// lasts, not at every resync; the Event's name is derived from the
-// rejection, so every node of the cluster writes the same Event instead of
-// one each.
+// Kubernetes Event on the object concerned (so `kubectl describe` shows it),
+// a log line with the reason, and meshlet_rejections_total{reason}. Each
+// rejection is reported once while it lasts, not at every resync.
+//
+// Every node computes the same rejections; one node writes the Event of
+// each, so a cluster of a hundred nodes writes one Event, not a hundred: a
+// rejection of a Node's own annotations is written by that node, every other
+// one (Peers, ClusterMeshes, remote clusters' objects) by the first segment
+// leader by name, which watches the remote clusters too. Events go through
+// client-go's recorder (its correlator aggregates repeats).
 package events
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
@@ -29,18 +31,18 @@ import (
 // Component is the Event source.
 const Component = "meshlet"
 
-// MeshResolver returns the local ClusterMesh that declares a remote cluster,
-// so rejections of remote objects (which meshlet cannot write to) land on it.
-type MeshResolver func(cluster string) (namespace, name string, ok bool)
+// UIDs finds a local object's UID (kind "Node", "Peer" or "ClusterMesh");
+// an Event with the UID is listed by `kubectl describe` of the object.
+type UIDs func(kind, namespace, name string) (types.UID, bool)
 
 // Sink reports rejections.
 type Sink struct {
-	Client  kubernetes.Interface // nil: log and metrics only (meshlet plan)
-	Node    string
-	Metrics *metrics.Agent
-	Log     *slog.Logger
-	Meshes  MeshResolver
-	Now     func() time.Time
+	Recorder record.EventRecorder // nil: log and metrics only
+	UIDs     UIDs
+	Node     string
+	Metrics  *metrics.Agent
+	Log      *slog.Logger
+	Now      func() time.Time
 
 	mu     sync.Mutex
 	active map[topology.Rejection]seen
@@ -59,18 +61,19 @@ var settleReasons = map[topology.Reason]bool{topology.ReasonDuplicateWireGuardIP
 
 const settleTime = 30 * time.Second
 
-// Report records the current set of rejections: new ones are reported,
-// vanished ones forgotten (so they are reported again if they come back).
-func (s *Sink) Report(ctx context.Context, rs []topology.Rejection) {
+// Report records the plan's current set of rejections: new ones are
+// reported, vanished ones forgotten (so they are reported again if they
+// come back).
+func (s *Sink) Report(ctx context.Context, plan topology.Plan) {
 	now := time.Now
 	if s.Now != nil {
 		now = s.Now
 	}
 	t := now()
 	s.mu.Lock()
-	current := make(map[topology.Rejection]seen, len(rs))
+	current := make(map[topology.Rejection]seen, len(plan.Rejections))
 	var due []topology.Rejection
-	for _, r := range rs {
+	for _, r := range plan.Rejections {
 		st, ok := s.active[r]
 		if !ok {
 			st = seen{first: t}
@@ -84,7 +87,7 @@ func (s *Sink) Report(ctx context.Context, rs []topology.Rejection) {
 	s.active = current
 	s.mu.Unlock()
 	for _, r := range due {
-		s.report(ctx, r)
+		s.report(ctx, plan, r)
 	}
 }
 
@@ -95,89 +98,68 @@ func (s *Sink) Active() int {
 	return len(s.active)
 }
 
-func (s *Sink) report(ctx context.Context, r topology.Rejection) {
+func (s *Sink) report(ctx context.Context, plan topology.Plan, r topology.Rejection) {
 	log := s.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	log.Warn("rejected input", "node", s.Node, "object", r.Object.String(), "cluster", r.Object.Cluster,
-		"field", r.Field, "reason", string(r.Reason), "message", r.Message)
+	log.LogAttrs(ctx, slog.LevelWarn, "rejected input", slog.String("object", r.Object.String()), slog.String("cluster", r.Object.Cluster),
+		slog.String("field", r.Field), slog.String("reason", string(r.Reason)), slog.String("message", r.Message))
 	if s.Metrics != nil {
 		s.Metrics.Rejections.WithLabelValues(string(r.Reason)).Inc()
 	}
-	if s.Client == nil {
+	if s.Recorder == nil || !Reporter(plan, r, s.Node) {
 		return
 	}
-	if err := s.event(ctx, r); err != nil {
-		log.Error("writing event", "node", s.Node, "object", r.Object.String(), "err", err)
-	}
+	ref, msg := s.involved(plan, r)
+	s.Recorder.Event(ref, corev1.EventTypeWarning, string(r.Reason), msg)
 }
 
-// involved maps a rejection to the local object its Event is attached to.
-func (s *Sink) involved(r topology.Rejection) (corev1.ObjectReference, string, string) {
+// Reporter tells whether node writes the Event of rejection r: a local
+// Node's own rejections are its own; every other one belongs to the first
+// segment leader by name (every node computes the same segments). A node
+// outside the mesh (no segments yet) writes its own.
+func Reporter(plan topology.Plan, r topology.Rejection, node string) bool {
+	if r.Object.Kind == "Node" && r.Object.Cluster == "" {
+		return r.Object.Name == node
+	}
+	var leaders []string
+	for _, s := range plan.Segments {
+		leaders = append(leaders, s.Leader)
+	}
+	if len(leaders) == 0 {
+		return true
+	}
+	sort.Strings(leaders)
+	return leaders[0] == node
+}
+
+// involved maps a rejection to the local object its Event is attached to:
+// the object itself, or for a remote cluster's object the ClusterMesh that
+// brought it in (meshlet cannot write to remote clusters).
+func (s *Sink) involved(plan topology.Plan, r topology.Rejection) (*corev1.ObjectReference, string) {
 	o := r.Object
 	msg := r.Message
 	if r.Field != "" {
 		msg = r.Field + ": " + msg
 	}
-	if o.Cluster != "" {
-		// A remote object: attach to the ClusterMesh that brought it in.
+	ref := &corev1.ObjectReference{Kind: o.Kind, APIVersion: "v1", Name: o.Name}
+	switch {
+	case o.Cluster != "":
 		msg = fmt.Sprintf("cluster %s: %s %s: %s", o.Cluster, o.Kind, o.Name, msg)
-		if s.Meshes != nil {
-			if ns, name, ok := s.Meshes(o.Cluster); ok {
-				return corev1.ObjectReference{Kind: "ClusterMesh", APIVersion: "kilo.squat.ai/v1alpha1", Namespace: ns, Name: name}, ns, msg
+		ref = &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: s.Node}
+		for _, rem := range plan.Remotes {
+			if ns, name, ok := strings.Cut(rem.Mesh, "/"); ok && rem.Cluster == o.Cluster {
+				ref = &corev1.ObjectReference{Kind: "ClusterMesh", APIVersion: "kilo.squat.ai/v1alpha1", Namespace: ns, Name: name}
 			}
 		}
-		return corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: s.Node}, metav1.NamespaceDefault, msg
+	case o.Kind == "ClusterMesh":
+		ref = &corev1.ObjectReference{Kind: o.Kind, APIVersion: "kilo.squat.ai/v1alpha1", Namespace: o.Namespace, Name: o.Name}
+	case o.Kind == "Peer":
+		ref.APIVersion = "kilo.squat.ai/v1alpha1"
 	}
-	switch o.Kind {
-	case "ClusterMesh":
-		return corev1.ObjectReference{Kind: "ClusterMesh", APIVersion: "kilo.squat.ai/v1alpha1", Namespace: o.Namespace, Name: o.Name}, o.Namespace, msg
-	case "Peer":
-		return corev1.ObjectReference{Kind: "Peer", APIVersion: "kilo.squat.ai/v1alpha1", Name: o.Name}, metav1.NamespaceDefault, msg
-	default:
-		// Cluster-scoped objects' Events live in "default", as the kubelet's do.
-		return corev1.ObjectReference{Kind: o.Kind, APIVersion: "v1", Name: o.Name}, metav1.NamespaceDefault, msg
+	if s.UIDs != nil {
+		ref.UID, _ = s.UIDs(ref.Kind, ref.Namespace, ref.Name)
 	}
-}
-
-// EventName is deterministic per rejection, so all nodes share one Event.
-func EventName(r topology.Rejection) string {
-	h := sha256.Sum256([]byte(r.Object.String() + "\x00" + r.Field + "\x00" + string(r.Reason) + "\x00" + r.Message))
-	name := strings.ToLower(r.Object.Name)
-	if len(name) > 200 {
-		name = name[:200]
-	}
-	return name + ".meshlet-" + hex.EncodeToString(h[:6])
-}
-
-func (s *Sink) event(ctx context.Context, r topology.Rejection) error {
-	now := time.Now
-	if s.Now != nil {
-		now = s.Now
-	}
-	ref, ns, msg := s.involved(r)
-	t := metav1.NewTime(now())
-	ev := &corev1.Event{
-		ObjectMeta:          metav1.ObjectMeta{Name: EventName(r), Namespace: ns},
-		InvolvedObject:      ref,
-		Reason:              string(r.Reason),
-		Message:             msg,
-		Type:                corev1.EventTypeWarning,
-		Source:              corev1.EventSource{Component: Component, Host: s.Node},
-		FirstTimestamp:      t,
-		LastTimestamp:       t,
-		Count:               1,
-		ReportingController: "meshlet.io/agent",
-		ReportingInstance:   s.Node,
-	}
-	_, err := s.Client.CoreV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{})
-	if !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	// Another node (or an earlier occurrence) wrote it: refresh its time,
-	// so `kubectl get events` shows it is still current.
-	patch := fmt.Sprintf(`{"lastTimestamp":%q}`, t.UTC().Format(time.RFC3339))
-	_, err = s.Client.CoreV1().Events(ns).Patch(ctx, ev.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	return err
+	return ref, msg
 }

@@ -2,77 +2,109 @@ package events
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
 
+func plan(rs ...topology.Rejection) topology.Plan {
+	return topology.Plan{
+		Segments:   []topology.SegmentInfo{{Name: "location:y", Leader: "node-b"}, {Name: "location:x", Leader: "node-a"}},
+		Remotes:    []topology.RemoteInfo{{Cluster: "cluster-b", Mesh: "kilo-system/prod"}},
+		Rejections: rs,
+	}
+}
+
+func drain(r *record.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-r.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
 func TestReportOncePerRejection(t *testing.T) {
 	ctx := context.Background()
-	client := fake.NewClientset()
 	m := metrics.NewAgent(prometheus.NewRegistry())
-	resolver := func(c string) (string, string, bool) { return "kilo-system", "prod", c == "cluster-b" }
-	a := &Sink{Client: client, Node: "node-a", Metrics: m, Meshes: resolver}
-	b := &Sink{Client: client, Node: "node-b", Metrics: m, Meshes: resolver}
+	uids := func(kind, ns, name string) (types.UID, bool) { return types.UID(kind + "/" + ns + "/" + name), true }
+	rec := record.NewFakeRecorder(100)
+	rec.IncludeObject = true
+	a := &Sink{Recorder: rec, UIDs: uids, Node: "node-a", Metrics: m}
 	bad := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Field: "spec.publicKey", Reason: topology.ReasonInvalidKey, Message: "not base64"}
 	remote := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "cluster-b", Name: "b-1"}, Field: "podCIDRs", Reason: topology.ReasonDefaultRoute, Message: "0.0.0.0/0 is a default route"}
 
 	for i := 0; i < 5; i++ { // five resyncs
-		a.Report(ctx, []topology.Rejection{bad, remote})
+		a.Report(ctx, plan(bad, remote))
 	}
-	b.Report(ctx, []topology.Rejection{bad}) // another node sees the same
-	evs, err := client.CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	evs := drain(rec)
+	if len(evs) != 2 {
+		t.Fatalf("events = %q, want 2 (one per rejection)", evs)
 	}
-	if len(evs.Items) != 2 {
-		t.Fatalf("events = %d, want 2 (one per rejection, shared by nodes)", len(evs.Items))
-	}
-	for _, e := range evs.Items {
-		switch e.InvolvedObject.Kind {
-		case "Peer":
-			if e.Namespace != "default" || e.Reason != "InvalidKey" || e.Type != "Warning" || e.InvolvedObject.Name != "laptop" {
-				t.Errorf("peer event = %+v", e)
-			}
-		case "ClusterMesh":
-			if e.Namespace != "kilo-system" || e.InvolvedObject.Name != "prod" || e.Message == "" {
-				t.Errorf("remote event = %+v", e)
-			}
-		default:
-			t.Errorf("unexpected event on %+v", e.InvolvedObject)
+	for _, want := range []string{
+		"Warning InvalidKey spec.publicKey: not base64 involvedObject{kind=Peer,apiVersion=kilo.squat.ai/v1alpha1}",
+		"Warning DefaultRoute cluster cluster-b: Node b-1: podCIDRs: 0.0.0.0/0 is a default route involvedObject{kind=ClusterMesh,apiVersion=kilo.squat.ai/v1alpha1}",
+	} {
+		found := false
+		for _, e := range evs {
+			found = found || e == want
+		}
+		if !found {
+			t.Errorf("no event %q in %q", want, evs)
 		}
 	}
-	if got := testutil.ToFloat64(m.Rejections.WithLabelValues("InvalidKey")); got != 2 {
-		t.Errorf("InvalidKey counted %v times, want 2 (once per node)", got)
+	if got := testutil.ToFloat64(m.Rejections.WithLabelValues("InvalidKey")); got != 1 {
+		t.Errorf("InvalidKey counted %v times, want 1", got)
 	}
 	// Fixed, then broken again: reported again.
-	a.Report(ctx, nil)
+	a.Report(ctx, plan())
 	if a.Active() != 0 {
 		t.Fatal("fixed rejection still active")
 	}
-	a.Report(ctx, []topology.Rejection{bad})
-	if got := testutil.ToFloat64(m.Rejections.WithLabelValues("InvalidKey")); got != 3 {
-		t.Errorf("InvalidKey counted %v times, want 3", got)
+	a.Report(ctx, plan(bad))
+	if got := testutil.ToFloat64(m.Rejections.WithLabelValues("InvalidKey")); got != 2 {
+		t.Errorf("InvalidKey counted %v times, want 2", got)
+	}
+	if evs := drain(rec); len(evs) != 1 {
+		t.Errorf("events after the rejection came back = %q, want 1", evs)
 	}
 }
 
-func TestEventNameIsStableAndValid(t *testing.T) {
-	r := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Name: "Node-1"}, Reason: topology.ReasonInvalidCIDR, Message: "x"}
-	again := r
-	if EventName(r) != EventName(again) || EventName(r)[:7] != "node-1." {
-		t.Fatalf("name = %s", EventName(r))
+// TestOneReporterPerRejection: of all the nodes that compute a rejection,
+// one writes its Event — the node itself for its own annotations, the first
+// segment leader by name for the rest — while each logs and counts it.
+func TestOneReporterPerRejection(t *testing.T) {
+	ctx := context.Background()
+	own := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Name: "node-c"}, Field: "kilo.squat.ai/force-endpoint", Reason: topology.ReasonInvalidEndpoint, Message: "x"}
+	peer := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Reason: topology.ReasonInvalidKey, Message: "y"}
+	written := map[string][]string{}
+	for _, node := range []string{"node-a", "node-b", "node-c"} {
+		rec := record.NewFakeRecorder(10)
+		m := metrics.NewAgent(prometheus.NewRegistry())
+		(&Sink{Recorder: rec, Node: node, Metrics: m}).Report(ctx, plan(own, peer))
+		for _, e := range drain(rec) {
+			written[strings.Fields(e)[1]] = append(written[strings.Fields(e)[1]], node)
+		}
+		if got := testutil.ToFloat64(m.Rejections.WithLabelValues("InvalidKey")); got != 1 {
+			t.Errorf("%s counted InvalidKey %v times, want 1 (every node logs and counts)", node, got)
+		}
 	}
-	r2 := r
-	r2.Message = "y"
-	if EventName(r) == EventName(r2) {
-		t.Fatal("different rejections share a name")
+	if w := written["InvalidEndpoint"]; len(w) != 1 || w[0] != "node-c" {
+		t.Errorf("the node's own rejection written by %v, want node-c", w)
+	}
+	if w := written["InvalidKey"]; len(w) != 1 || w[0] != "node-a" {
+		t.Errorf("the Peer's rejection written by %v, want node-a (first leader by name)", w)
 	}
 }
 
@@ -85,18 +117,18 @@ func TestTransientDuplicatesSettleFirst(t *testing.T) {
 	count := func() float64 {
 		return testutil.ToFloat64(m.Rejections.WithLabelValues(string(topology.ReasonDuplicateWireGuardIP)))
 	}
-	s.Report(ctx, []topology.Rejection{dup})
+	s.Report(ctx, plan(dup))
 	clock = clock.Add(10 * time.Second)
-	s.Report(ctx, []topology.Rejection{dup})
+	s.Report(ctx, plan(dup))
 	if count() != 0 {
 		t.Fatal("a start-up race was reported before it had a chance to settle")
 	}
-	s.Report(ctx, nil) // it settled
+	s.Report(ctx, plan()) // it settled
 	clock = clock.Add(time.Minute)
-	s.Report(ctx, []topology.Rejection{dup})
+	s.Report(ctx, plan(dup))
 	clock = clock.Add(31 * time.Second)
-	s.Report(ctx, []topology.Rejection{dup})
-	s.Report(ctx, []topology.Rejection{dup})
+	s.Report(ctx, plan(dup))
+	s.Report(ctx, plan(dup))
 	if count() != 1 {
 		t.Fatalf("a lasting duplicate counted %v times, want 1", count())
 	}

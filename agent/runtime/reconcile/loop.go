@@ -1,6 +1,6 @@
 // Package reconcile is meshlet's one reconcile loop: event → debounce →
-// snapshot → plan → apply (WireGuard, host) → publish annotations →
-// rejections and metrics. The actuators sit behind small interfaces so the
+// snapshot → plan → apply (WireGuard, host) → publish annotations → remote
+// watchers → rejections and metrics. The actuators sit behind small interfaces so the
 // loop is tested with fakes and run with the real wg/ and netlinkx/.
 package reconcile
 
@@ -13,27 +13,31 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/utils/clock"
+
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
 
 // Snapshotter returns the current view of the clusters (without Now and
-// Settings, which the loop fills in).
+// Settings, which the loop fills in) and the remote clusters' credentials
+// the accepted ClusterMeshes name.
 type Snapshotter interface {
-	Snapshot() topology.Snapshot
+	Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig)
 	// Synced reports whether the local caches have been listed once; the
 	// loop does not apply anything before, so a restart never removes state
 	// because the caches are still empty.
 	Synced() bool
 }
 
-// SelfSource reads this node's live facts (addresses, tunnel device, the
-// endpoints the device learned, its public key).
+// SelfSource observes this node (addresses, default route, tunnel device,
+// the WireGuard device's peers, its public key).
 type SelfSource interface {
 	Self(ctx context.Context) (topology.Self, error)
 }
 
-// WireGuard applies the desired device and reports how many peers changed.
+// WireGuard applies the desired device and reports what it changed.
 type WireGuard interface {
 	Apply(ctx context.Context, dev topology.Device) (Changes, error)
 }
@@ -49,16 +53,30 @@ type Publisher interface {
 	Publish(ctx context.Context, annotations map[string]string) (patched bool, err error)
 }
 
-// RejectionSink turns rejections into Events, logs and metrics, once each.
+// RemoteWatchers follow this node's role: remote clusters are watched while
+// it leads its segment.
+type RemoteWatchers interface {
+	Reconcile(leader bool, kubeconfigs []clustermesh.Kubeconfig)
+}
+
+// RejectionSink turns a plan's rejections into Events, logs and metrics,
+// once each.
 type RejectionSink interface {
-	Report(ctx context.Context, rejections []topology.Rejection)
+	Report(ctx context.Context, plan topology.Plan)
+}
+
+// PeerLabels learns what the plan says of each peer (metric labels).
+type PeerLabels interface {
+	SetPeers(peers []topology.WireGuardPeer)
 }
 
 // Changes counts what an actuator changed, by kind of object ("peer",
 // "route", ...), for logs and meshlet_dataplane_changes_total.
 type Changes map[string]int
 
-// Loop is the reconcile loop.
+// Loop is the reconcile loop. Each run is one straight pass: observe this
+// node, snapshot the clusters, plan, apply the device and the host, publish
+// the annotations, let the remote watchers follow the role, report.
 type Loop struct {
 	Node       string
 	Settings   topology.Settings
@@ -67,27 +85,25 @@ type Loop struct {
 	WireGuard  WireGuard
 	Host       Host
 	Publisher  Publisher
+	Remotes    RemoteWatchers // nil: no remote clusters
 	Rejections RejectionSink
+	PeerLabels PeerLabels
 	Metrics    *metrics.Agent
 	Log        *slog.Logger
-	// OnPlan is called with every computed plan before it is applied (e.g.
-	// to start remote watchers on a new leader, or label peer metrics).
-	OnPlan func(topology.Plan)
 	// Debounce gathers a burst of events into one run (≤ 100 ms).
 	Debounce time.Duration
 	// Resync runs the loop periodically even without events.
 	Resync time.Duration
-	Now    func() time.Time
+	// Clock drives every timer of the loop (nil = the real clock).
+	Clock clock.WithTicker
 
 	mu          sync.Mutex
-	pending     bool
 	firstChange time.Time
 	wake        chan struct{}
 	once        sync.Once
 
 	ready   atomic.Bool
 	lastErr atomic.Pointer[string]
-	runs    atomic.Int64
 	// nextChange is when the last snapshot's readiness changes by itself
 	// (a last-seen ageing out), as unix nanoseconds; 0 = never.
 	nextChange atomic.Int64
@@ -96,8 +112,8 @@ type Loop struct {
 func (l *Loop) init() {
 	l.once.Do(func() {
 		l.wake = make(chan struct{}, 1)
-		if l.Now == nil {
-			l.Now = time.Now
+		if l.Clock == nil {
+			l.Clock = clock.RealClock{}
 		}
 		if l.Log == nil {
 			l.Log = slog.Default()
@@ -120,7 +136,6 @@ func (l *Loop) Notify(seen time.Time) {
 	if !seen.IsZero() && (l.firstChange.IsZero() || seen.Before(l.firstChange)) {
 		l.firstChange = seen
 	}
-	l.pending = true
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -131,9 +146,6 @@ func (l *Loop) Notify(seen time.Time) {
 // Ready reports whether the caches synced and the last apply succeeded.
 func (l *Loop) Ready() bool { return l.ready.Load() }
 
-// Runs returns the number of completed runs (for tests and status).
-func (l *Loop) Runs() int64 { return l.runs.Load() }
-
 // LastError returns the error of the last run, or "".
 func (l *Loop) LastError() string {
 	if p := l.lastErr.Load(); p != nil {
@@ -142,22 +154,30 @@ func (l *Loop) LastError() string {
 	return ""
 }
 
+// timerC is a timer's channel, nil (never ready) for no timer.
+func timerC(t clock.Timer) <-chan time.Time {
+	if t == nil {
+		return nil
+	}
+	return t.C()
+}
+
+func stop(t clock.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
 // Run runs the loop until ctx ends. It never tears the data plane down:
 // on shutdown everything stays as it is, so a restart drops no session.
 func (l *Loop) Run(ctx context.Context) error {
 	l.init()
-	resync := time.NewTicker(l.Resync)
+	resync := l.Clock.NewTicker(l.Resync)
 	defer resync.Stop()
-	var debounce <-chan time.Time
-	var retry, expiry *time.Timer
-	defer func() {
-		if retry != nil {
-			retry.Stop()
-		}
-		if expiry != nil {
-			expiry.Stop()
-		}
-	}()
+	// debounce gathers a burst; retry follows a failed run; expiry fires
+	// when a node's last-seen ages out.
+	var debounce, retry, expiry clock.Timer
+	defer func() { stop(debounce); stop(retry); stop(expiry) }()
 	l.Notify(time.Time{})
 	for {
 		select {
@@ -165,36 +185,38 @@ func (l *Loop) Run(ctx context.Context) error {
 			return nil
 		case <-l.wake:
 			if debounce == nil {
-				debounce = time.After(l.Debounce)
+				debounce = l.Clock.NewTimer(l.Debounce)
 			}
-		case <-resync.C:
+		case <-resync.C():
 			l.Notify(time.Time{})
-		case <-debounce:
+		case <-timerC(retry):
+			retry = nil
+			l.Notify(time.Time{})
+		case <-timerC(expiry):
+			expiry = nil
+			l.Notify(time.Time{})
+		case <-timerC(debounce):
 			debounce = nil
 			l.mu.Lock()
 			first := l.firstChange
 			l.firstChange = time.Time{}
-			l.pending = false
 			l.mu.Unlock()
+			stop(retry)
+			retry = nil
 			if err := l.RunOnce(ctx, first); err != nil && ctx.Err() == nil {
-				l.Log.Error("reconcile failed", "node", l.Node, "err", err)
+				l.Log.Error("reconcile failed", "error", err)
 				// Retry soon: a transient failure (API server, netlink busy)
 				// should not wait for the resync period.
-				if retry != nil {
-					retry.Stop()
-				}
-				retry = time.AfterFunc(time.Second, func() { l.Notify(time.Time{}) })
+				retry = l.Clock.NewTimer(time.Second)
 			}
 			// Re-plan when a node's last-seen ages out (see
 			// topology.NextReadinessChange); a little after, so the
 			// planner sees it stale.
-			if expiry != nil {
-				expiry.Stop()
-				expiry = nil
-			}
+			stop(expiry)
+			expiry = nil
 			if next := l.nextChange.Load(); next != 0 {
-				wait := time.Duration(next-l.Now().UnixNano()) + 100*time.Millisecond
-				expiry = time.AfterFunc(max(wait, 0), func() { l.Notify(time.Time{}) })
+				wait := time.Duration(next-l.Clock.Now().UnixNano()) + 100*time.Millisecond
+				expiry = l.Clock.NewTimer(max(wait, 0))
 			}
 		}
 	}
@@ -204,9 +226,8 @@ func (l *Loop) Run(ctx context.Context) error {
 // change behind this run was seen (zero when unknown).
 func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	l.init()
-	start := l.Now()
+	start := l.Clock.Now()
 	defer func() {
-		l.runs.Add(1)
 		result := "success"
 		if err != nil {
 			result = "error"
@@ -219,7 +240,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 		}
 		if l.Metrics != nil {
 			l.Metrics.Reconciles.WithLabelValues(result).Inc()
-			l.Metrics.ReconcileDuration.Observe(l.Now().Sub(start).Seconds())
+			l.Metrics.ReconcileDuration.Observe(l.Clock.Since(start).Seconds())
 		}
 	}()
 	if !l.Snapshots.Synced() {
@@ -230,20 +251,14 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 		return fmt.Errorf("reading this node's facts: %w", err)
 	}
 	self.Name = l.Node
-	snap := l.Snapshots.Snapshot()
-	snap.Now = l.Now()
+	snap, kubeconfigs := l.Snapshots.Snapshot()
+	snap.Now = l.Clock.Now()
 	snap.Settings = l.Settings
 	plan := topology.Compute(snap, self)
 	if next := topology.NextReadinessChange(snap); next.IsZero() {
 		l.nextChange.Store(0)
 	} else {
 		l.nextChange.Store(next.UnixNano())
-	}
-	if l.OnPlan != nil {
-		l.OnPlan(plan)
-	}
-	if l.Rejections != nil {
-		l.Rejections.Report(ctx, plan.Rejections)
 	}
 
 	var errs []error
@@ -259,9 +274,17 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("publishing annotations: %w", err))
 	}
-	changed := l.record(plan, wgChanges, hostChanges, patched)
-	if changed > 0 {
-		l.Log.Info("applied plan", "node", l.Node, "leader", plan.Leader, "segment", plan.Segment,
+	if l.Remotes != nil {
+		l.Remotes.Reconcile(plan.Leader, kubeconfigs)
+	}
+	if l.Rejections != nil {
+		l.Rejections.Report(ctx, plan)
+	}
+	if l.PeerLabels != nil {
+		l.PeerLabels.SetPeers(plan.WireGuard.Peers)
+	}
+	if changed := l.record(plan, wgChanges, hostChanges, patched); changed > 0 {
+		l.Log.Info("applied plan", "leader", plan.Leader, "segment", plan.Segment,
 			"peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "wireguard", map[string]int(wgChanges),
 			"host", map[string]int(hostChanges), "annotations", patched)
 	}
@@ -269,7 +292,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 		return errors.Join(errs...)
 	}
 	if !first.IsZero() && l.Metrics != nil {
-		l.Metrics.Convergence.Observe(l.Now().Sub(first).Seconds())
+		l.Metrics.Convergence.Observe(l.Clock.Since(first).Seconds())
 	}
 	l.ready.Store(true)
 	return nil

@@ -305,16 +305,20 @@ kind: Peer
 metadata: {name: bad-key}
 spec: {allowedIPs: [10.5.0.1/32], publicKey: "not-a-key"}
 `)
-		if _, err := apiserver.Apply(ctx, local.AdminConfig(), bad, apiserver.ApplyOptions{}); err != nil {
+		applied, err := apiserver.Apply(ctx, local.AdminConfig(), bad, apiserver.ApplyOptions{})
+		if err != nil || len(applied) != 1 {
 			t.Fatal(err)
 		}
+		peer := applied[0]
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			evs, err := ladmin.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=bad-key"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(evs.Items) == 1 && evs.Items[0].Reason == string(topology.ReasonInvalidKey) && evs.Items[0].InvolvedObject.Kind == "Peer" {
+			// With the Peer's UID, `kubectl describe peer bad-key` lists it.
+			if len(evs.Items) == 1 && evs.Items[0].Reason == string(topology.ReasonInvalidKey) && evs.Items[0].InvolvedObject.Kind == "Peer" &&
+				evs.Items[0].InvolvedObject.UID == peer.GetUID() {
 				break
 			}
 			if time.Now().After(deadline) {

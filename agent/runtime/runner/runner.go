@@ -15,10 +15,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 
-	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
@@ -60,7 +63,7 @@ type Agent struct {
 	Local   *cluster.Local
 	Remotes *cluster.Remotes
 	Metrics *metrics.Agent
-	Sink    *events.Sink
+	events  record.EventBroadcaster
 	client  kubernetes.Interface
 }
 
@@ -80,26 +83,21 @@ func New(o Options) (*Agent, error) {
 	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, o.Config.MetricsCompat == "wireguard-exporter", nil)
 	o.Registry.MustRegister(collector)
 
-	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Metrics: am, Log: o.Log, Resync: o.Config.ResyncPeriod}
+	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
+		Self: o.Self, WireGuard: o.WireGuard, Host: o.Host, PeerLabels: collector, Metrics: am, Log: o.Log}
 	local, err := cluster.NewLocal(cluster.LocalOptions{Config: o.RestConfig, Client: client, Namespace: o.Config.Namespace,
 		Node: o.Node, Notify: loop.Notify, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}
-	remotes := &cluster.Remotes{Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe}
-	source := &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
-	sink := &events.Sink{Client: client, Node: o.Node, Metrics: am, Log: o.Log, Meshes: source.MeshOf}
-	loop.Snapshots = source
-	loop.Self = o.Self
-	loop.WireGuard = o.WireGuard
-	loop.Host = o.Host
+	remotes := &cluster.Remotes{Secrets: local.SecretData, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe}
+	broadcaster := record.NewBroadcaster()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
+	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
 	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
-	loop.Rejections = sink
-	loop.OnPlan = func(p topology.Plan) {
-		source.OnPlan(p)
-		collector.SetPeers(p.WireGuard.Peers)
-	}
-	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, Sink: sink, client: client}, nil
+	loop.Remotes = remotes
+	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
+	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, events: broadcaster, client: client}, nil
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
@@ -115,6 +113,9 @@ func (a *Agent) SelfAnnotations() map[string]string {
 func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Events are written in the background, never in the loop's way.
+	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	defer a.events.Shutdown()
 	a.Remotes.Start(ctx)
 	a.Local.Start(ctx)
 	go a.forward(ctx)
