@@ -673,15 +673,7 @@ func (p *planner) publishAnnotations() {
 // finish sorts what must be deterministic and fills derived output.
 func (p *planner) finish() {
 	pl := &p.plan
-	// discovered-endpoints: what this device learned for roaming peers.
-	disc := map[Key]netip.AddrPort{}
-	learned := p.deviceEndpoints()
-	for _, wp := range pl.WireGuard.Peers {
-		if ap, ok := learned[wp.PublicKey]; ok && wp.Roaming && usableDiscovered(ap) {
-			disc[wp.PublicKey] = ap
-		}
-	}
-	pl.Annotations[AnnotationDiscoveredEndpoints] = FormatDiscoveredEndpoints(disc)
+	pl.Annotations[AnnotationDiscoveredEndpoints] = FormatDiscoveredEndpoints(p.discoveredToPublish())
 	sort.SliceStable(pl.WireGuard.Peers, func(i, j int) bool {
 		a, b := pl.WireGuard.Peers[i], pl.WireGuard.Peers[j]
 		if a.Kind != b.Kind {
@@ -719,6 +711,30 @@ func (p *planner) finish() {
 	if pl.Rejections == nil {
 		pl.Rejections = []Rejection{}
 	}
+}
+
+// discoveredToPublish is what this node publishes in discovered-endpoints,
+// Kilo's set (discoverNATEndpoints): what its device learned for segment
+// leaders that keep a keepalive themselves and for every Peer; for remote
+// peers (meshlet's), what it learned for those that roam.
+func (p *planner) discoveredToPublish() map[Key]netip.AddrPort {
+	natted := map[Key]bool{}
+	for _, s := range p.segments {
+		natted[s.leaderNode().PublicKey] = s.leaderNode().PersistentKeepalive != 0
+	}
+	learned := p.deviceEndpoints()
+	out := map[Key]netip.AddrPort{}
+	for _, wp := range p.plan.WireGuard.Peers {
+		ap, ok := learned[wp.PublicKey]
+		if !ok || !usableDiscovered(ap) {
+			continue
+		}
+		switch {
+		case wp.Kind == KindSegment && natted[wp.PublicKey], wp.Kind == KindPeer, wp.Kind == KindRemote && wp.Roaming:
+			out[wp.PublicKey] = ap
+		}
+	}
+	return out
 }
 
 func kindOrder(k PeerKind) int {

@@ -641,3 +641,26 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal("plan depends on input order")
 	}
 }
+
+// TestDiscoveredEndpointsPublishedAsKilo: the discovered-endpoints
+// annotation holds what the device learned for segment leaders with a
+// keepalive of their own and for every Peer — Kilo's set — not for a leader
+// that roams only because this node keeps alive.
+func TestDiscoveredEndpointsPublishedAsKilo(t *testing.T) {
+	nodes := threeLocations()
+	nodes[1].PersistentKeepalive = 25 // this node (a-2) keeps alive: every peer roams
+	nodes[4].PersistentKeepalive = 10 // c-1 keeps alive itself
+	peers := []Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
+	self := selfOf(nodes[1], "eth0")
+	self.Device = devicePeers(map[Key]netip.AddrPort{
+		key(4):  netip.MustParseAddrPort("198.51.100.2:51820"), // b-2: no keepalive of its own
+		key(5):  netip.MustParseAddrPort("198.51.100.55:40000"),
+		key(90): netip.MustParseAddrPort("198.51.100.90:41000"),
+	})
+	pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
+	want := FormatDiscoveredEndpoints(map[Key]netip.AddrPort{
+		key(5): netip.MustParseAddrPort("198.51.100.55:40000"), key(90): netip.MustParseAddrPort("198.51.100.90:41000")})
+	if got := pl.Annotations[AnnotationDiscoveredEndpoints]; got != want {
+		t.Errorf("discovered-endpoints = %s, want %s", got, want)
+	}
+}
