@@ -142,24 +142,19 @@ func TestDiffRules(t *testing.T) {
 }
 
 func TestDesiredChains(t *testing.T) {
-	fw := Firewall{
-		NAT:     NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Exceptions: pfx("10.0.0.0/8", "10.4.0.0/16", "fd00::/8")},
-		Forward: pfx("10.2.0.0/24"),
-	}
+	fw := Firewall{NAT: NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Destinations: pfx("192.168.100.0/24"),
+		Exceptions: pfx("10.0.0.0/8", "10.4.0.0/16", "fd00::/8")}}
 	v4 := desiredChains(fw, ipv4)
 	want4 := []chainSpec{
 		{table: "nat", chain: ChainNAT, parent: "POSTROUTING",
 			rules: []string{"-d 10.0.0.0/8 -j RETURN", "-d 10.4.0.0/16 -j RETURN", "-j MASQUERADE"},
-			jumps: []string{"-s 10.2.0.0/24 -j MESHLET-NAT"}},
-		{table: "filter", chain: ChainForward, parent: "FORWARD",
-			rules: []string{"-s 10.2.0.0/24 -j ACCEPT", "-d 10.2.0.0/24 -j ACCEPT"},
-			jumps: []string{"-j MESHLET-FORWARD"}},
+			jumps: []string{"-s 10.2.0.0/24 -j MESHLET-NAT", "-d 192.168.100.0/24 -j MESHLET-NAT"}},
 	}
 	if !reflect.DeepEqual(v4, want4) {
 		t.Errorf("IPv4:\n got %+v\nwant %+v", v4, want4)
 	}
 	v6 := desiredChains(fw, ipv6)
-	if !reflect.DeepEqual(v6[0].rules, []string{"-d fd00::/8 -j RETURN", "-j MASQUERADE"}) || len(v6[1].rules) != 0 || len(v6[1].jumps) != 0 {
+	if !reflect.DeepEqual(v6[0].rules, []string{"-d fd00::/8 -j RETURN", "-j MASQUERADE"}) || !reflect.DeepEqual(v6[0].jumps, []string{"-s fd00:2::/64 -j MESHLET-NAT"}) {
 		t.Errorf("IPv6: %+v", v6)
 	}
 	// No sources: no chain, no jumps, even with exceptions.

@@ -33,9 +33,6 @@ import (
 // "109 meshlet" to /etc/iproute2/rt_protos.d/ to see the name in `ip route`.
 const Protocol netlink.RouteProtocol = 109
 
-// Table is Kilo's routing table for return traffic of non-leaders.
-const Table = 1107
-
 // Options configure a Host.
 type Options struct {
 	// NetNSPath is the network namespace to act in, e.g. /run/netns/x;
@@ -90,9 +87,6 @@ func (h *Host) Close() error {
 	}
 	return nil
 }
-
-// NetNS returns the namespace handle (netns.None() for the current one).
-func (h *Host) NetNS() netns.NsHandle { return h.ns }
 
 // do runs fn on an OS thread inside the Host's network namespace. Used for
 // /proc/sys/net (resolved against the calling thread's namespace) and for

@@ -11,12 +11,10 @@ import (
 	"github.com/coreos/go-iptables/iptables"
 )
 
-// meshlet's iptables chains. They are owned entirely by meshlet; the only
-// rules it touches outside them are the jumps into them.
-const (
-	ChainNAT     = "MESHLET-NAT"
-	ChainForward = "MESHLET-FORWARD"
-)
+// ChainNAT is meshlet's iptables chain (nat table, IPv4 and IPv6). It is
+// owned entirely by meshlet; the only rules it touches outside it are the
+// jumps into it.
+const ChainNAT = "MESHLET-NAT"
 
 type family int
 
@@ -44,10 +42,6 @@ type iptablesClient interface {
 // Firewall is the desired iptables state.
 type Firewall struct {
 	NAT NAT
-	// Forward lists prefixes whose traffic meshlet accepts in the FORWARD
-	// chain (for hosts whose FORWARD policy is DROP); empty = no
-	// MESHLET-FORWARD chain.
-	Forward []netip.Prefix
 }
 
 // chainSpec is one meshlet chain and the jumps to it, in iptables -S form
@@ -66,6 +60,14 @@ func desiredChains(fw Firewall, f family) []chainSpec {
 			nat.jumps = append(nat.jumps, "-s "+s.Masked().String()+" -j "+ChainNAT)
 		}
 	}
+	// Traffic to this location's allowed-location-ips (hosts that know no
+	// mesh routes, e.g. an on-prem LAN) is masqueraded too, so their
+	// replies come back (Kilo does the same).
+	for _, d := range fw.NAT.Destinations {
+		if f.has(d) {
+			nat.jumps = append(nat.jumps, "-d "+d.Masked().String()+" -j "+ChainNAT)
+		}
+	}
 	if len(nat.jumps) > 0 {
 		for _, e := range fw.NAT.Exceptions {
 			if f.has(e) {
@@ -74,16 +76,7 @@ func desiredChains(fw Firewall, f family) []chainSpec {
 		}
 		nat.rules = append(nat.rules, "-j MASQUERADE")
 	}
-	fwd := chainSpec{table: "filter", chain: ChainForward, parent: "FORWARD"}
-	for _, p := range fw.Forward {
-		if f.has(p) {
-			fwd.rules = append(fwd.rules, "-s "+p.Masked().String()+" -j ACCEPT", "-d "+p.Masked().String()+" -j ACCEPT")
-		}
-	}
-	if len(fwd.rules) > 0 {
-		fwd.jumps = []string{"-j " + ChainForward}
-	}
-	return []chainSpec{nat, fwd}
+	return []chainSpec{nat}
 }
 
 // chainOp is one edit of a chain: insert rule at 1-based position pos, or

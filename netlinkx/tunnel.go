@@ -10,20 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Tunnel device names, in order of preference.
-const (
-	TunnelCilium  = "cilium_tunl"
-	TunnelDefault = "tunl0"
-)
-
 // ErrIPIPUnavailable means the plan needs an IPIP tunnel and the kernel
 // cannot provide one (no ipip module). Routes through the tunnel cannot work;
 // run Kilo/meshlet with --encapsulate=never or load the ipip module.
 var ErrIPIPUnavailable = errors.New("IPIP tunnel needed but the kernel cannot create one (is the ipip module available?)")
 
-// FindTunnel returns the IPIP device present: cilium_tunl, else tunl0, else "".
-func (h *Host) FindTunnel() (string, error) {
-	for _, name := range []string{TunnelCilium, TunnelDefault} {
+// FindTunnel returns the first of names that exists as a link, else "".
+func (h *Host) FindTunnel(names ...string) (string, error) {
+	for _, name := range names {
 		_, err := h.nl.LinkByName(name)
 		if err == nil {
 			return name, nil
@@ -50,19 +44,20 @@ func (h *Host) EnsureTunnel(ctx context.Context, t Tunnel) (string, error) {
 		return "", fmt.Errorf("netlinkx: look up tunnel %s: %w", t.Name, err)
 	}
 	if link == nil {
-		if t.Name != TunnelDefault || !t.Create {
+		if !t.Create {
 			return "", fmt.Errorf("netlinkx: tunnel device %s does not exist (and the plan does not ask to create it)", t.Name)
 		}
 		// Adding an ipip link loads the module when it can; the module
-		// then also creates the fallback tunl0 itself, hence EEXIST is fine.
-		err := h.nl.LinkAdd(&netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: TunnelDefault}})
+		// then also creates its fallback device tunl0 itself, hence EEXIST
+		// is fine when that is the one asked for.
+		err := h.nl.LinkAdd(&netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: t.Name}})
 		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return "", fmt.Errorf("netlinkx: create %s: %w: %w", TunnelDefault, ErrIPIPUnavailable, err)
+			return "", fmt.Errorf("netlinkx: create %s: %w: %w", t.Name, ErrIPIPUnavailable, err)
 		}
-		if link, err = h.nl.LinkByName(TunnelDefault); err != nil {
-			return "", fmt.Errorf("netlinkx: %s after creation: %w: %w", TunnelDefault, ErrIPIPUnavailable, err)
+		if link, err = h.nl.LinkByName(t.Name); err != nil {
+			return "", fmt.Errorf("netlinkx: %s after creation: %w: %w", t.Name, ErrIPIPUnavailable, err)
 		}
-		h.log.Info("created IPIP tunnel", "device", TunnelDefault)
+		h.log.Info("created IPIP tunnel", "device", t.Name)
 	}
 	if link.Type() != "ipip" {
 		return "", fmt.Errorf("netlinkx: tunnel device %s has link type %q, want ipip", t.Name, link.Type())

@@ -60,7 +60,13 @@ type DeviceConfig struct {
 	// in-process userspace device is only possible in this process's
 	// namespace.
 	NetNSPath string
-	Logger    *slog.Logger
+	// Spawn, when set, is the command line of a process that hosts the
+	// userspace device (`meshlet wireguard-userspace --interface NAME`):
+	// it is started detached, so the device and its sessions outlive a
+	// restart of the caller, as a kernel device does. Empty: the device
+	// runs in this process.
+	Spawn  []string
+	Logger *slog.Logger
 }
 
 // Device is an ensured WireGuard device. Close it on shutdown: for the
@@ -94,8 +100,12 @@ func (d *Device) Done() <-chan struct{} { return d.done }
 var ErrKernelUnsupported = errors.New("kernel WireGuard is not available")
 
 // EnsureDevice makes sure the WireGuard device cfg.Name exists and can be
-// driven through wgctrl, creating it when needed. It runs in the caller's
-// network namespace (the agent runs with hostNetwork).
+// driven through wgctrl, creating it when needed, with one rule: an existing
+// device is used (a kernel link, or a TUN with a live UAPI socket, e.g. a
+// sidecar's or a previous agent's); else a kernel device is created unless
+// the mode is userspace; else (auto, userspace) a userspace device is
+// started, in a process of its own when cfg.Spawn is set. It runs in the
+// caller's network namespace (the agent runs with hostNetwork).
 func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("wg: device name is required")
@@ -161,6 +171,12 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 	}
 	if cfg.NetNSPath != "" {
 		return nil, fmt.Errorf("wg: userspace device %s cannot run in namespace %s: run meshlet inside that namespace", cfg.Name, cfg.NetNSPath)
+	}
+	if len(cfg.Spawn) > 0 {
+		if err := spawnUserspace(ctx, cfg.Name, cfg.Spawn, log); err != nil {
+			return nil, err
+		}
+		return &Device{Name: cfg.Name, Kind: KindExternal}, nil
 	}
 	return startUserspace(cfg.Name, log)
 }

@@ -91,7 +91,7 @@ func (r Report) Changed() bool { return r.PeersTouched() > 0 || r.ListenPort || 
 // Diff computes the minimal configuration that turns the device cur into the
 // desired state, and the report of it. It is pure: no I/O, no clock.
 //
-// Rules (architecture.md, "WireGuard apply rules"): peers missing on the
+// Rules (docs/architecture.md, "Applying WireGuard"): peers missing on the
 // device are added, peers absent from the plan are removed, the others get
 // UpdateOnly with only their changed fields; ReplaceAllowedIPs is set only
 // when the allowed IPs changed, ReplacePeers never. Untouched peers do not
@@ -132,9 +132,6 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 				Name: d.Name, PublicKey: d.PublicKey, Endpoint: d.Endpoint, Error: d.ResolveErr.Error(),
 			})
 		}
-		wantIPs := toIPNets(d.AllowedIPs)
-		keepalive := d.PersistentKeepalive
-
 		c, ok := current[key]
 		if !ok {
 			cfg.Peers = append(cfg.Peers, newPeerConfig(d))
@@ -142,32 +139,9 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 			continue
 		}
 
-		pc := wgtypes.PeerConfig{PublicKey: key, UpdateOnly: true}
-		var fields []string
-		if d.Addr != nil && !sameUDPAddr(d.Addr, c.Endpoint) {
-			if overwriteEndpoint(d, c, in.LastEndpoints) {
-				pc.Endpoint = d.Addr
-				fields = append(fields, FieldEndpoint)
-			} else {
-				rep.KeptEndpoints = append(rep.KeptEndpoints, PeerChange{Name: d.Name, PublicKey: d.PublicKey})
-			}
-		}
-		if keepalive != c.PersistentKeepaliveInterval {
-			pc.PersistentKeepaliveInterval = &keepalive
-			fields = append(fields, FieldKeepalive)
-		}
-		if !samePrefixes(d.AllowedIPs, c.AllowedIPs) {
-			pc.ReplaceAllowedIPs = true
-			pc.AllowedIPs = wantIPs
-			fields = append(fields, FieldAllowedIPs)
-		}
-		var wantPSK wgtypes.Key
-		if d.PresharedKey != nil {
-			wantPSK = *d.PresharedKey
-		}
-		if wantPSK != c.PresharedKey {
-			pc.PresharedKey = &wantPSK // the zero key removes it
-			fields = append(fields, FieldPresharedKey)
+		pc, fields, kept := updatePeer(d, c, in.LastEndpoints)
+		if kept {
+			rep.KeptEndpoints = append(rep.KeptEndpoints, PeerChange{Name: d.Name, PublicKey: d.PublicKey})
 		}
 		if len(fields) > 0 {
 			cfg.Peers = append(cfg.Peers, pc)
@@ -185,6 +159,39 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 		rep.Removed = append(rep.Removed, PeerChange{Name: in.Names[p.PublicKey], PublicKey: p.PublicKey})
 	}
 	return cfg, rep
+}
+
+// updatePeer is the configuration that turns the device's peer c into d:
+// only the fields that differ (their names in fields); kept reports a
+// roaming peer's learned endpoint deliberately left in place.
+func updatePeer(d ResolvedPeer, c *wgtypes.Peer, last map[wgtypes.Key]string) (pc wgtypes.PeerConfig, fields []string, kept bool) {
+	pc = wgtypes.PeerConfig{PublicKey: d.PublicKey, UpdateOnly: true}
+	if d.Addr != nil && !sameUDPAddr(d.Addr, c.Endpoint) {
+		if overwriteEndpoint(d, c, last) {
+			pc.Endpoint = d.Addr
+			fields = append(fields, FieldEndpoint)
+		} else {
+			kept = true
+		}
+	}
+	if keepalive := d.PersistentKeepalive; keepalive != c.PersistentKeepaliveInterval {
+		pc.PersistentKeepaliveInterval = &keepalive
+		fields = append(fields, FieldKeepalive)
+	}
+	if !samePrefixes(d.AllowedIPs, c.AllowedIPs) {
+		pc.ReplaceAllowedIPs = true
+		pc.AllowedIPs = toIPNets(d.AllowedIPs)
+		fields = append(fields, FieldAllowedIPs)
+	}
+	var wantPSK wgtypes.Key
+	if d.PresharedKey != nil {
+		wantPSK = *d.PresharedKey
+	}
+	if wantPSK != c.PresharedKey {
+		pc.PresharedKey = &wantPSK // the zero key removes it
+		fields = append(fields, FieldPresharedKey)
+	}
+	return pc, fields, kept
 }
 
 // newPeerConfig is the configuration that adds peer d.

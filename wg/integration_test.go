@@ -264,7 +264,7 @@ func newPair(t testing.TB) *pair {
 func TestUserspaceDevicesExchangeTraffic(t *testing.T) {
 	requireRoot(t)
 	p := newPair(t)
-	// Receiver first (wireguard.md): B, then A.
+	// Receiver first (docs/wireguard.md): B, then A.
 	if rep := p.b.apply(t, p.planB); len(rep.Added) != 1 {
 		t.Fatalf("B report %+v", rep)
 	}

@@ -1,12 +1,12 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 
-	"context"
-
 	"github.com/meshlet/meshlet/netlinkx"
+	"github.com/meshlet/meshlet/wg"
 )
 
 // runCleanup removes what meshlet installed: its routes and rules (by
@@ -29,7 +29,7 @@ func runCleanup(ctx context.Context, args []string) error {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	if !*keepIface {
-		if err := stopUserspace(*iface); err != nil {
+		if err := wg.StopSpawned(*iface); err != nil {
 			return fmt.Errorf("stopping the userspace device: %w", err)
 		}
 	}

@@ -6,13 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"syscall"
-	"time"
 
 	"github.com/meshlet/meshlet/wg"
 )
@@ -22,97 +16,19 @@ import (
 // outlives a restart or upgrade of the agent, as a kernel device does.
 const userspaceCommand = "wireguard-userspace"
 
-// ensureDevice returns the WireGuard device for mode: kernel when the
-// kernel has it (auto, kernel), else a userspace device in its own
-// long-lived process (auto, userspace).
+// ensureDevice returns the WireGuard device for mode (wg.EnsureDevice's
+// rule), a userspace one hosted by `meshlet wireguard-userspace`.
 func ensureDevice(ctx context.Context, iface, mode string, log *slog.Logger) (wg.Kind, error) {
-	if mode == "" {
-		mode = string(wg.ModeAuto)
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("finding meshlet's own binary: %w", err)
 	}
-	if mode != string(wg.ModeUserspace) {
-		d, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: iface, Mode: wg.ModeKernel, Logger: log})
-		if err == nil {
-			return d.Kind, nil
-		}
-		if mode == string(wg.ModeKernel) || !errors.Is(err, wg.ErrKernelUnsupported) {
-			// An existing userspace device in auto mode is fine.
-			if d, err2 := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: iface, Mode: wg.ModeUserspace, Logger: log}); mode == string(wg.ModeAuto) && err2 == nil && d.Kind == wg.KindExternal {
-				return d.Kind, nil
-			}
-			return "", err
-		}
-		log.Info("kernel WireGuard unavailable, using a userspace device", "interface", iface)
-	}
-	if socketLive(iface) {
-		d, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: iface, Mode: wg.ModeUserspace, Logger: log})
-		if err != nil {
-			return "", err
-		}
-		return d.Kind, nil
-	}
-	if err := spawnUserspace(ctx, iface, log); err != nil {
-		return "", err
-	}
-	d, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: iface, Mode: wg.ModeUserspace, Logger: log})
+	d, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: iface, Mode: wg.Mode(mode), Logger: log,
+		Spawn: []string{self, userspaceCommand, "--interface", iface}})
 	if err != nil {
 		return "", err
 	}
 	return d.Kind, nil
-}
-
-func socketLive(iface string) bool {
-	c, err := net.DialTimeout("unix", filepath.Join(wg.SocketDir, iface+".sock"), time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
-}
-
-// pidFile records the userspace device's process for `meshlet cleanup`.
-func pidFile(iface string) string { return filepath.Join(wg.SocketDir, iface+".meshlet.pid") }
-
-func spawnUserspace(ctx context.Context, iface string, log *slog.Logger) error {
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("finding meshlet's own binary: %w", err)
-	}
-	if err := os.MkdirAll(wg.SocketDir, 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", wg.SocketDir, err)
-	}
-	logf, err := os.OpenFile(filepath.Join(wg.SocketDir, iface+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("opening the userspace device log: %w", err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(self, userspaceCommand, "--interface", iface)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// A session of its own: not killed with the agent's process group.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting the userspace WireGuard device: %w", err)
-	}
-	pid := cmd.Process.Pid
-	_ = os.WriteFile(pidFile(iface), []byte(strconv.Itoa(pid)), 0o600)
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	log.Info("started userspace WireGuard device process", "interface", iface, "pid", pid)
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !socketLive(iface) {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("userspace WireGuard device exited: %v (see %s)", err, logf.Name())
-		case <-deadline.C:
-			return errors.New("userspace WireGuard device did not open its socket within 10s")
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
-	return nil
 }
 
 // runUserspaceDevice is the detached device process.
@@ -134,23 +50,4 @@ func runUserspaceDevice(ctx context.Context, args []string) error {
 	case <-d.Done():
 		return errors.New("device stopped")
 	}
-}
-
-// stopUserspace ends the detached device process, if meshlet started one.
-func stopUserspace(iface string) error {
-	b, err := os.ReadFile(pidFile(iface))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	pid, err := strconv.Atoi(string(b))
-	if err != nil {
-		return fmt.Errorf("bad pid file %s: %w", pidFile(iface), err)
-	}
-	if p, err := os.FindProcess(pid); err == nil {
-		_ = p.Signal(syscall.SIGTERM)
-	}
-	return os.Remove(pidFile(iface))
 }

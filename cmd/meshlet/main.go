@@ -61,7 +61,7 @@ func main() {
 		os.Exit(2)
 	}
 	if err != nil {
-		slog.Error("meshlet "+os.Args[1]+" failed", "err", err)
+		slog.Error("meshlet "+os.Args[1]+" failed", "error", err)
 		fmt.Fprintf(os.Stderr, "meshlet %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -114,4 +118,67 @@ func TestPlanTextAndErrors(t *testing.T) {
 			t.Errorf("%v: no error", args)
 		}
 	}
+}
+
+var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/golden from `meshlet plan` (review the diff)")
+
+// TestPlanGolden compares the whole output of `meshlet plan` on the testdata
+// dumps with testdata/golden: a change anywhere in what the planner decides
+// shows up here. Update with -update-golden and review the diff.
+func TestPlanGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"a-1-leader-with-remote", []string{"--node", "a-1", "--local", "testdata/cluster-a.yaml", "--remote", "cluster-b=testdata/cluster-b.yaml"}},
+		{"a-2-nonleader", []string{"--node", "a-2", "--local", "testdata/cluster-a.yaml", "--remote", "cluster-b=testdata/cluster-b.yaml"}},
+		{"a-2-nonleader-cozystack-cilium", []string{"--node", "a-2", "--local", "testdata/cluster-a.yaml", "--remote", "cluster-b=testdata/cluster-b.yaml",
+			"--local=false", "--compatibility=cilium", "--encapsulate=crosssubnet", "--subnet=100.66.0.0/16", "--tunnel-device=cilium_tunl"}},
+		{"a-3-other-location", []string{"--node", "a-3", "--local", "testdata/cluster-a.yaml", "--remote", "cluster-b=testdata/cluster-b.yaml"}},
+		{"b-1-remote-side", []string{"--node", "b-1", "--local", "testdata/cluster-b.yaml", "--remote", "cluster-a=testdata/cluster-a.yaml", "--cluster-name", "cluster-b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			if err := runPlan(context.Background(), append(tc.args, "-o", "json"), &out); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", "golden", tc.name+".json")
+			if *updateGolden {
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (create it with -update-golden)", err)
+			}
+			if !bytes.Equal(out.Bytes(), want) {
+				t.Errorf("meshlet plan %s differs from %s (run with -update-golden and review the diff):\n%s",
+					strings.Join(tc.args, " "), path, lineDiff(string(want), out.String()))
+			}
+		})
+	}
+}
+
+// lineDiff lists the lines that differ, with their numbers.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			fmt.Fprintf(&b, "%d:\n  want %s\n  got  %s\n", i+1, wl, gl)
+		}
+	}
+	return b.String()
 }

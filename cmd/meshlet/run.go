@@ -62,7 +62,7 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	log := newLogger(cfg.LogLevel).With("node", name)
 	slog.SetDefault(log)
-	log.Info("starting meshlet", "version", version, "interface", cfg.Interface, "wireguard", cfg.WireGuard)
+	log.Info("starting meshlet", "version", version, "interface", cfg.Interface, "wireguard", cfg.WireGuardMode)
 
 	// The private key never leaves this process and the key file (0600).
 	priv, created, err := wg.LoadOrCreateKey(cfg.KeyFile)
@@ -72,7 +72,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if created {
 		log.Info("generated a new WireGuard key", "file", cfg.KeyFile)
 	}
-	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuard, log)
+	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, log)
 	if err != nil {
 		return fmt.Errorf("WireGuard device %s: %w", cfg.Interface, err)
 	}

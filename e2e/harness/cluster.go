@@ -136,7 +136,7 @@ func (c *Cluster) allocPodCIDR() netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4(a), 24)
 }
 
-// MeshEntry is one cluster's entry in a ClusterMesh, as clustermesh.md.
+// MeshEntry is one cluster's entry in a ClusterMesh, as docs/clustermesh.md describes it.
 type meshEntry struct {
 	Name                string         `json:"name"`
 	Local               bool           `json:"local,omitempty"`

@@ -17,7 +17,7 @@ import (
 // Router is a NAT router namespace: "wan" on the hub bridge, a "lan" bridge
 // for the nodes behind it, nft masquerade, a forward policy that lets in
 // only established/related traffic, and short UDP conntrack timeouts
-// (test-infra.md §3) so an idle mapping expires in seconds.
+// (docs/testing.md, "NAT") so an idle mapping expires in seconds.
 type Router struct {
 	Name string
 	NS   string

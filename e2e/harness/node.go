@@ -120,7 +120,7 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 // wrap returns the command line that runs args inside the node: its network
 // namespace and a private mount namespace with the node's directory bound
 // over /run/wireguard (the UAPI socket path is global, interface names are
-// per namespace; test-infra.md §2).
+// per namespace; docs/testing.md, "Nodes").
 func (n *Node) wrap(args ...string) []string {
 	return append([]string{"ip", "netns", "exec", n.NS, "sh", "-c",
 		`mount --bind "$1" /run/wireguard && shift && exec "$@"`, "sh", n.WGDir}, args...)

@@ -16,7 +16,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
-// docMesh is clustermesh.md's example.
+// docMesh is docs/clustermesh.md's example.
 const docMesh = `
 apiVersion: kilo.squat.ai/v1alpha1
 kind: ClusterMesh

@@ -200,7 +200,7 @@ func meshRef(m *ClusterMesh) topology.ObjectRef {
 
 // Validate checks one ClusterMesh on its own and converts it. This cluster's
 // entry is the one named clusterName if there is one, else the single entry
-// marked local: true. Rules (clustermesh.md): at least one cluster; names
+// marked local: true. Rules (docs/clustermesh.md): at least one cluster; names
 // are DNS labels, unique; at most one local: true entry, and exactly one if
 // clusterName names no entry; allowedNetworks are CIDRs (masked to their
 // network; 0.0.0.0/0 and ::/0 refused, a cluster must not claim everything);
@@ -223,8 +223,35 @@ func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rej
 		reject("spec.clusters", topology.ReasonInvalidClusterMesh, "spec.clusters is empty")
 		return topology.Mesh{}, rejs
 	}
+	local := localIndex(clusters, clusterName, reject)
+	out := topology.Mesh{Namespace: m.Namespace, Name: m.Name, Clusters: make([]topology.MeshCluster, len(clusters))}
+	seen := map[string]int{}
+	for i, c := range clusters {
+		f := fmt.Sprintf("spec.clusters[%d]", i)
+		if errs := validation.IsDNS1123Label(c.Name); len(errs) > 0 {
+			reject(f+".name", topology.ReasonInvalidClusterMesh, "cluster name %s is not a DNS label: %s", quote(c.Name), strings.Join(errs, "; "))
+		} else if j, dup := seen[c.Name]; dup {
+			reject(f+".name", topology.ReasonInvalidClusterMesh, "cluster name %q is also used by spec.clusters[%d]", c.Name, j)
+		} else {
+			seen[c.Name] = i
+		}
+		// Which entries are remote is unknown while the local one is
+		// unresolved; that error is reported already.
+		out.Clusters[i] = validateCluster(c, f, i == local, local >= 0 && i != local, reject)
+	}
+	rejectOverlaps(out.Clusters, reject)
+	if len(rejs) > 0 {
+		return topology.Mesh{}, rejs
+	}
+	return out, nil
+}
 
-	// Which entry is this cluster.
+// rejecter records one problem of a ClusterMesh.
+type rejecter func(field string, reason topology.Reason, format string, args ...any)
+
+// localIndex finds this cluster's entry: by name with --cluster-name, else
+// the one marked local (-1 when there is none, with the problem reported).
+func localIndex(clusters []Cluster, clusterName string, reject rejecter) int {
 	local := -1
 	var marked []int
 	for i, c := range clusters {
@@ -248,58 +275,51 @@ func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rej
 			reject("spec.clusters", topology.ReasonInvalidClusterMesh, "no entry is marked local: true and no --cluster-name is set")
 		}
 	}
+	return local
+}
 
-	out := topology.Mesh{Namespace: m.Namespace, Name: m.Name, Clusters: make([]topology.MeshCluster, len(clusters))}
-	seen := map[string]int{}
-	for i, c := range clusters {
-		f := fmt.Sprintf("spec.clusters[%d]", i)
-		if errs := validation.IsDNS1123Label(c.Name); len(errs) > 0 {
-			reject(f+".name", topology.ReasonInvalidClusterMesh, "cluster name %s is not a DNS label: %s", quote(c.Name), strings.Join(errs, "; "))
-		} else if j, dup := seen[c.Name]; dup {
-			reject(f+".name", topology.ReasonInvalidClusterMesh, "cluster name %q is also used by spec.clusters[%d]", c.Name, j)
-		} else {
-			seen[c.Name] = i
-		}
-		mc := topology.MeshCluster{Name: c.Name, Local: i == local, WireGuardPort: c.WireguardPort, PersistentKeepalive: c.PersistentKeepalive}
-		for j, s := range c.AllowedNetworks {
-			p, err := netip.ParsePrefix(strings.TrimSpace(s))
-			if err == nil && p.Addr().Is4In6() {
-				err = fmt.Errorf("IPv4-mapped IPv6 address")
-			}
-			switch {
-			case err != nil:
-				reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(s), err)
-			case p.Bits() == 0:
-				reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonDefaultRoute, "%s would route everything to cluster %q", p, c.Name)
-			default:
-				mc.AllowedNetworks = append(mc.AllowedNetworks, p.Masked())
-			}
+// validateCluster checks one entry (field f) and converts it.
+func validateCluster(c Cluster, f string, local, remote bool, reject rejecter) topology.MeshCluster {
+	mc := topology.MeshCluster{Name: c.Name, Local: local, WireGuardPort: c.WireguardPort, PersistentKeepalive: c.PersistentKeepalive}
+	for j, s := range c.AllowedNetworks {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err == nil && p.Addr().Is4In6() {
+			err = fmt.Errorf("IPv4-mapped IPv6 address")
 		}
 		switch {
-		case c.WireguardPort == 0:
-			mc.WireGuardPort = DefaultWireGuardPort
-		case c.WireguardPort < 0 || c.WireguardPort > 65535:
-			reject(f+".wireguardPort", topology.ReasonInvalidClusterMesh, "wireguardPort %d out of range 1-65535", c.WireguardPort)
+		case err != nil:
+			reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(s), err)
+		case p.Bits() == 0:
+			reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonDefaultRoute, "%s would route everything to cluster %q", p, c.Name)
+		default:
+			mc.AllowedNetworks = append(mc.AllowedNetworks, p.Masked())
 		}
-		if c.PersistentKeepalive < 0 || c.PersistentKeepalive > maxKeepalive {
-			reject(f+".persistentKeepalive", topology.ReasonInvalidClusterMesh, "persistentKeepalive %d out of range 0-%d", c.PersistentKeepalive, maxKeepalive)
-		}
-		// Which entries are remote is unknown while the local one is
-		// unresolved; that error is reported above, so stay quiet here.
-		if remote := local >= 0 && i != local; remote {
-			if r := c.KubeconfigSecretRef; r == nil || r.Name == "" {
-				reject(f+".kubeconfigSecretRef", topology.ReasonInvalidClusterMesh, "remote cluster %q needs kubeconfigSecretRef.name", c.Name)
-			} else if errs := validation.IsDNS1123Subdomain(r.Name); len(errs) > 0 {
-				reject(f+".kubeconfigSecretRef.name", topology.ReasonInvalidClusterMesh, "Secret name %s: %s", quote(r.Name), strings.Join(errs, "; "))
-			}
-		}
-		out.Clusters[i] = mc
 	}
+	switch {
+	case c.WireguardPort == 0:
+		mc.WireGuardPort = DefaultWireGuardPort
+	case c.WireguardPort < 0 || c.WireguardPort > 65535:
+		reject(f+".wireguardPort", topology.ReasonInvalidClusterMesh, "wireguardPort %d out of range 1-65535", c.WireguardPort)
+	}
+	if c.PersistentKeepalive < 0 || c.PersistentKeepalive > maxKeepalive {
+		reject(f+".persistentKeepalive", topology.ReasonInvalidClusterMesh, "persistentKeepalive %d out of range 0-%d", c.PersistentKeepalive, maxKeepalive)
+	}
+	if remote {
+		if r := c.KubeconfigSecretRef; r == nil || r.Name == "" {
+			reject(f+".kubeconfigSecretRef", topology.ReasonInvalidClusterMesh, "remote cluster %q needs kubeconfigSecretRef.name", c.Name)
+		} else if errs := validation.IsDNS1123Subdomain(r.Name); len(errs) > 0 {
+			reject(f+".kubeconfigSecretRef.name", topology.ReasonInvalidClusterMesh, "Secret name %s: %s", quote(r.Name), strings.Join(errs, "; "))
+		}
+	}
+	return mc
+}
 
-	// Overlaps, within a cluster and across clusters; each pair once.
-	for i := range out.Clusters {
-		for j := i; j < len(out.Clusters); j++ {
-			a, b := out.Clusters[i], out.Clusters[j]
+// rejectOverlaps reports overlapping allowedNetworks, within a cluster and
+// across clusters; each pair once.
+func rejectOverlaps(clusters []topology.MeshCluster, reject rejecter) {
+	for i := range clusters {
+		for j := i; j < len(clusters); j++ {
+			a, b := clusters[i], clusters[j]
 			for x, pa := range a.AllowedNetworks {
 				start := 0
 				if i == j {
@@ -318,10 +338,6 @@ func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rej
 			}
 		}
 	}
-	if len(rejs) > 0 {
-		return topology.Mesh{}, rejs
-	}
-	return out, nil
 }
 
 func names(cs []Cluster, idx []int) string {

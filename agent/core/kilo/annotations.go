@@ -15,7 +15,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
-// Parsers for Kilo's node annotations (kilo-api.md). Each one accepts exactly
+// Parsers for Kilo's node annotations (docs/kilo-api.md). Each one accepts exactly
 // what Kilo 0.7 accepts and returns an error for the rest, so the caller can
 // turn it into a Rejection; where Kilo falls back to a default (keepalive 0,
 // last-seen 0, dropped CIDRs) the parser returns that default alongside the

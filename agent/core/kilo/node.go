@@ -20,14 +20,6 @@ type NodeResult struct {
 	// Rejections lists the annotations and fields that were malformed. The
 	// node still converts, with those fields empty (or with Kilo's default).
 	Rejections []topology.Rejection
-	// RemoteEndpointInvalid is set when the endpoint other clusters would
-	// use is malformed: the first present source of the remote endpoint
-	// chain (clustermesh-endpoint → force-endpoint → ExternalIP → endpoint,
-	// clustermesh.md) does not parse. The planner must then skip this node
-	// for remote use instead of falling through to the next source, which
-	// could point somewhere the operator did not intend. In-cluster use is
-	// unaffected: Kilo itself falls back from force-endpoint to endpoint.
-	RemoteEndpointInvalid bool
 }
 
 // NodeToTopology converts a Node of cluster ("" = local) for the planner; see
@@ -49,7 +41,7 @@ func NodeToTopology(node *corev1.Node, cluster string) (topology.Node, []topolog
 //     not part of the mesh (docs/kilo-compatibility.md).
 //   - Endpoint: force-endpoint if valid, else endpoint (Kilo's fall-back);
 //     ForceEndpoint and ClusterMeshEndpoint are kept separately for the
-//     remote chain, and RemoteEndpointInvalid records a malformed one.
+//     remote chain, and Node.MalformedEndpoint records a malformed one.
 //   - InternalIP: force-internal-ip if valid ("" or "-" mean none and win
 //     over internal-ip), else internal-ip.
 //
@@ -77,58 +69,11 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	n.MeshletVersion = a[topology.AnnotationVersion]
 	_, n.Leader = a[topology.AnnotationLeader]
 
-	// Endpoints. parseEP records a rejection and reports whether the
-	// annotation was present but malformed.
-	parseEP := func(key string) (Endpoint, bool) {
-		ep, err := ParseEndpoint(a[key])
-		if err != nil {
-			reject(key, topology.ReasonInvalidEndpoint, err)
-			return Endpoint{}, true
-		}
-		return ep, false
-	}
-	cmEP, cmBad := parseEP(topology.AnnotationClusterMeshEndpoint)
-	forceEP, forceBad := parseEP(topology.AnnotationForceEndpoint)
-	ep, epBad := parseEP(topology.AnnotationEndpoint)
-	n.ClusterMeshEndpoint = cmEP.String()
-	n.ForceEndpoint = forceEP.String()
-	n.Endpoint = ep.String()
-	if !forceEP.IsZero() {
-		n.Endpoint = forceEP.String()
-	}
-
 	n.ExternalIPs = externalIPs(node, reject)
+	convertEndpoints(n, a, reject)
+	n.InternalIP = internalIP(a, reject)
 
-	// Walk the remote chain to its first present source.
-	switch {
-	case a[topology.AnnotationClusterMeshEndpoint] != "":
-		r.RemoteEndpointInvalid = cmBad
-	case a[topology.AnnotationForceEndpoint] != "":
-		r.RemoteEndpointInvalid = forceBad
-	case len(n.ExternalIPs) > 0:
-	default:
-		r.RemoteEndpointInvalid = epBad
-	}
-	n.MalformedEndpoint = r.RemoteEndpointInvalid
-
-	// Internal IP.
-	internal, err := ParsePrefix(a[topology.AnnotationInternalIP])
-	if err != nil {
-		reject(topology.AnnotationInternalIP, topology.ReasonInvalidCIDR, err)
-	}
-	if s, ok := a[topology.AnnotationForceInternalIP]; ok {
-		p, none, err := ParseForceInternalIP(s)
-		switch {
-		case err != nil:
-			reject(topology.AnnotationForceInternalIP, topology.ReasonInvalidCIDR, err)
-		case none:
-			internal = netip.Prefix{}
-		default:
-			internal = p
-		}
-	}
-	n.InternalIP = internal
-
+	var err error
 	if n.PublicKey, err = ParseKeyAnnotation(a[topology.AnnotationKey]); err != nil {
 		reject(topology.AnnotationKey, topology.ReasonInvalidKey, err)
 	}
@@ -160,9 +105,68 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	return r
 }
 
+// rejectFunc records one malformed field.
+type rejectFunc func(field string, reason topology.Reason, err error)
+
+// convertEndpoints sets the endpoints: force-endpoint when valid, else
+// endpoint (Kilo's fall-back); the remote chain's sources kept apart, and
+// MalformedEndpoint when its first present source does not parse.
+func convertEndpoints(n *topology.Node, a map[string]string, reject rejectFunc) {
+	// parse records a rejection and reports whether the annotation was
+	// present but malformed.
+	parse := func(key string) (Endpoint, bool) {
+		ep, err := ParseEndpoint(a[key])
+		if err != nil {
+			reject(key, topology.ReasonInvalidEndpoint, err)
+			return Endpoint{}, true
+		}
+		return ep, false
+	}
+	cmEP, cmBad := parse(topology.AnnotationClusterMeshEndpoint)
+	forceEP, forceBad := parse(topology.AnnotationForceEndpoint)
+	ep, epBad := parse(topology.AnnotationEndpoint)
+	n.ClusterMeshEndpoint = cmEP.String()
+	n.ForceEndpoint = forceEP.String()
+	n.Endpoint = ep.String()
+	if !forceEP.IsZero() {
+		n.Endpoint = forceEP.String()
+	}
+	// Walk the remote chain to its first present source.
+	switch {
+	case a[topology.AnnotationClusterMeshEndpoint] != "":
+		n.MalformedEndpoint = cmBad
+	case a[topology.AnnotationForceEndpoint] != "":
+		n.MalformedEndpoint = forceBad
+	case len(n.ExternalIPs) > 0:
+	default:
+		n.MalformedEndpoint = epBad
+	}
+}
+
+// internalIP is force-internal-ip when valid ("" or "-" mean none and win
+// over internal-ip), else internal-ip.
+func internalIP(a map[string]string, reject rejectFunc) netip.Prefix {
+	internal, err := ParsePrefix(a[topology.AnnotationInternalIP])
+	if err != nil {
+		reject(topology.AnnotationInternalIP, topology.ReasonInvalidCIDR, err)
+	}
+	if s, ok := a[topology.AnnotationForceInternalIP]; ok {
+		p, none, err := ParseForceInternalIP(s)
+		switch {
+		case err != nil:
+			reject(topology.AnnotationForceInternalIP, topology.ReasonInvalidCIDR, err)
+		case none:
+			return netip.Prefix{}
+		default:
+			return p
+		}
+	}
+	return internal
+}
+
 // externalIPs returns the node's ExternalIP addresses, IPv4 first (stable
 // within a family), without duplicates.
-func externalIPs(node *corev1.Node, reject func(string, topology.Reason, error)) []netip.Addr {
+func externalIPs(node *corev1.Node, reject rejectFunc) []netip.Addr {
 	var v4, v6 []netip.Addr
 	for _, addr := range node.Status.Addresses {
 		if addr.Type != corev1.NodeExternalIP {
@@ -188,7 +192,7 @@ func externalIPs(node *corev1.Node, reject func(string, topology.Reason, error))
 // podCIDRs returns the node's pod CIDR as Kilo reads it: spec.podCIDR, which
 // the API server keeps equal to spec.podCIDRs[0]; the first of spec.podCIDRs
 // when only that is set.
-func podCIDRs(node *corev1.Node, reject func(string, topology.Reason, error)) []netip.Prefix {
+func podCIDRs(node *corev1.Node, reject rejectFunc) []netip.Prefix {
 	field, s := "spec.podCIDR", node.Spec.PodCIDR
 	if s == "" && len(node.Spec.PodCIDRs) > 0 {
 		field, s = "spec.podCIDRs", node.Spec.PodCIDRs[0]

@@ -278,8 +278,8 @@ func TestConvertNode(t *testing.T) {
 					t.Fatalf("bad rejection %+v", rej)
 				}
 			}
-			if r.RemoteEndpointInvalid != tt.remoteBad {
-				t.Fatalf("RemoteEndpointInvalid = %v, want %v", r.RemoteEndpointInvalid, tt.remoteBad)
+			if r.Node.MalformedEndpoint != tt.remoteBad {
+				t.Fatalf("MalformedEndpoint = %v, want %v", r.Node.MalformedEndpoint, tt.remoteBad)
 			}
 			n, rejs := NodeToTopology(tt.node, "remote-a")
 			if !reflect.DeepEqual(n, r.Node) || !reflect.DeepEqual(rejs, r.Rejections) {

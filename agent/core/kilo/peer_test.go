@@ -24,7 +24,7 @@ spec:
   publicKey: GY5aT1N9dTR/nJnT1N2f4ClZWVj0jOAld0r8ysWLyjg=
 `
 
-// TestPeerWireFormat decodes kilo-api.md's example through a scheme codec and
+// TestPeerWireFormat decodes docs/kilo-api.md's Peer fields through a scheme codec and
 // checks the JSON shape on the way back.
 func TestPeerWireFormat(t *testing.T) {
 	s := runtime.NewScheme()

@@ -108,28 +108,40 @@ type remoteGroup struct {
 // remotePeers adds one WireGuard peer per remote leader and returns their
 // names.
 func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
+	var names []string
+	first := true
+	for _, g := range p.remoteGroups(r, rc) {
+		l := g.leader
+		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
+		if l.MalformedEndpoint {
+			p.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
+			continue
+		}
+		if p.addPeer(ref, p.remoteLeaderPeer(r, rc, g, first)) {
+			names = append(names, l.Name)
+			first = false
+		}
+	}
+	return names
+}
+
+// remoteGroups rebuilds the remote cluster's segments with Kilo's rules,
+// from what its nodes publish (their granularity annotation, location,
+// endpoint), and takes as each segment's leader the node its agents elect —
+// when it has published its WireGuard IP; otherwise the first node of the
+// segment that did (the remote agents may label locations differently than
+// this cluster's --topology-label says). Other WireGuard IPs in a segment
+// are stale claims (an agent starting up, a leader that just lost the
+// role): ignored, not reported. Nodes of a segment without any leader
+// follow a leader of their location, if there is one.
+func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 	now := rc.ObservedAt
 	if now.IsZero() {
 		now = p.snap.Now
 	}
-	nodes := make([]*Node, 0, len(rc.Nodes))
-	for i := range rc.Nodes {
-		nodes = append(nodes, &rc.Nodes[i])
-	}
-	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-
-	// Rebuild the remote cluster's segments with Kilo's rules, from what
-	// its nodes publish (their granularity annotation, location, endpoint),
-	// and take as each segment's leader the node its agents elect — when it
-	// has published its WireGuard IP; otherwise the first node of the
-	// segment that did (the remote agents may label locations differently
-	// than this cluster's --topology-label says). Other WireGuard IPs in a
-	// segment are stale claims (an agent starting up, a leader that just
-	// lost the role): ignored, not reported. Nodes of a segment without any
-	// leader follow a leader of their location, if there is one.
 	bySeg := map[string][]*Node{}
 	var keys []string
-	for _, n := range nodes {
+	for _, n := range sortedNodes(rc.Nodes) {
 		// Kilo's readiness without the endpoint: other clusters reach a
 		// node through the endpoint chain (clustermesh-endpoint,
 		// force-endpoint, ExternalIP), and a NATed one through none.
@@ -149,16 +161,7 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 	wgIPs := map[netip.Addr]string{}
 	for _, k := range keys {
 		seg := bySeg[k]
-		l := seg[findLeader(seg)]
-		if !l.WireGuardIP.IsValid() {
-			l = nil
-			for _, n := range seg {
-				if n.WireGuardIP.IsValid() {
-					l = n
-					break
-				}
-			}
-		}
+		l := electedWithWireGuardIP(seg)
 		if l == nil {
 			orphans = append(orphans, seg...)
 			continue
@@ -185,56 +188,73 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 			g.nodes = append(g.nodes, n)
 		}
 	}
+	return groups
+}
 
-	var names []string
-	first := true
-	for _, g := range groups {
-		l := g.leader
-		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
-		if l.MalformedEndpoint {
-			p.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
-			continue
-		}
-		var ips []netip.Prefix
-		for _, n := range g.nodes {
-			nref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
-			ips = append(ips, p.clip(r, nref, "podCIDRs", n.PodCIDRs)...)
-			// Private IPs are routed only when the cluster lists its host
-			// networks in allowedNetworks; otherwise they are left out
-			// quietly (most meshes route pods and services only).
-			if ip := host(n.InternalIP.Addr()); n.InternalIP.IsValid() {
-				if _, in := r.allowed.covering(ip); in {
-					ips = append(ips, p.clip(r, nref, "internal-ip", []netip.Prefix{ip})...)
-				}
-			}
-			ips = append(ips, p.clip(r, nref, "allowed-location-ips", n.AllowedLocationIPs)...)
-		}
-		ips = append(ips, host(l.WireGuardIP.Addr()))
-		if first {
-			// Remote Peers and the allowedNetworks no node covers (service
-			// CIDR, host networks) go through one deterministic leader: the
-			// first. WireGuard matches the longest prefix, so the more
-			// specific prefixes of the other leaders still win.
-			for _, peer := range sortedPeers(rc.Peers) {
-				ips = append(ips, p.clip(r, ObjectRef{Kind: "Peer", Cluster: r.entry.Name, Name: peer.Name}, "spec.allowedIPs", peer.AllowedIPs)...)
-			}
-			ips = append(ips, r.networks...)
-		}
-		ka, src := p.remoteKeepalive(r)
-		configured, esrc := remoteEndpoint(l, r.entry.WireGuardPort)
-		roaming := roams(ka, 0, configured)
-		ep, esrc := p.endpointFor(l.PublicKey, configured, esrc, roaming)
-		if p.addPeer(ref, WireGuardPeer{
-			Name: l.Name, Kind: KindRemote, Cluster: r.entry.Name, Location: l.location(p.set),
-			PublicKey: l.PublicKey, Endpoint: ep, EndpointSource: esrc, AllowedIPs: ips,
-			PersistentKeepalive: ka, KeepaliveSource: src, Roaming: roaming,
-			SessionProbe: sessionProbe(l, l.WireGuardIP.Addr()),
-		}) {
-			names = append(names, l.Name)
-			first = false
+func sortedNodes(ns []Node) []*Node {
+	out := make([]*Node, 0, len(ns))
+	for i := range ns {
+		out = append(out, &ns[i])
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// electedWithWireGuardIP is the segment's leader by Kilo's rule when it
+// published a WireGuard IP, else the first node of the segment that did,
+// else nil.
+func electedWithWireGuardIP(seg []*Node) *Node {
+	if l := seg[findLeader(seg)]; l.WireGuardIP.IsValid() {
+		return l
+	}
+	for _, n := range seg {
+		if n.WireGuardIP.IsValid() {
+			return n
 		}
 	}
-	return names
+	return nil
+}
+
+// remoteLeaderPeer is the WireGuard peer of one remote leader: its group's
+// pod CIDRs, private IPs (where allowedNetworks covers them) and
+// allowed-location-ips, its WireGuard IP, and for the first leader also the
+// cluster's Peers and its allowedNetworks. WireGuard matches the longest
+// prefix, so the more specific prefixes of the other leaders still win.
+func (p *planner) remoteLeaderPeer(r *remote, rc *RemoteCluster, g *remoteGroup, first bool) WireGuardPeer {
+	l := g.leader
+	var ips []netip.Prefix
+	for _, n := range g.nodes {
+		nref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
+		ips = append(ips, p.clip(r, nref, "podCIDRs", n.PodCIDRs)...)
+		// Private IPs are routed only when the cluster lists its host
+		// networks in allowedNetworks; otherwise they are left out quietly
+		// (most meshes route pods and services only).
+		if ip := host(n.InternalIP.Addr()); n.InternalIP.IsValid() {
+			if _, in := r.allowed.covering(ip); in {
+				ips = append(ips, p.clip(r, nref, "internal-ip", []netip.Prefix{ip})...)
+			}
+		}
+		ips = append(ips, p.clip(r, nref, "allowed-location-ips", n.AllowedLocationIPs)...)
+	}
+	ips = append(ips, host(l.WireGuardIP.Addr()))
+	if first {
+		// Remote Peers and the allowedNetworks no node covers (service
+		// CIDR, host networks) go through one deterministic leader.
+		for _, peer := range sortedPeers(rc.Peers) {
+			ips = append(ips, p.clip(r, ObjectRef{Kind: "Peer", Cluster: r.entry.Name, Name: peer.Name}, "spec.allowedIPs", peer.AllowedIPs)...)
+		}
+		ips = append(ips, r.networks...)
+	}
+	ka, src := p.remoteKeepalive(r)
+	configured, esrc := remoteEndpoint(l, r.entry.WireGuardPort)
+	roaming := roams(ka, 0, configured)
+	ep, esrc := p.endpointFor(l.PublicKey, configured, esrc, roaming)
+	return WireGuardPeer{
+		Name: l.Name, Kind: KindRemote, Cluster: r.entry.Name, Location: l.location(p.set),
+		PublicKey: l.PublicKey, Endpoint: ep, EndpointSource: esrc, AllowedIPs: ips,
+		PersistentKeepalive: ka, KeepaliveSource: src, Roaming: roaming,
+		SessionProbe: sessionProbe(l, l.WireGuardIP.Addr()),
+	}
 }
 
 // remoteSegmentKey is Kilo's segment of a remote node, with the remote

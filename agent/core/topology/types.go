@@ -147,10 +147,13 @@ type Node struct {
 	Ready bool
 	// MeshletVersion is meshlet.io/version: "" means the node runs kg.
 	MeshletVersion string
-	// MalformedEndpoint is set when an endpoint annotation that another
-	// cluster would use (clustermesh-endpoint, force-endpoint) is present but
-	// does not parse: such a node is skipped as a remote leader rather than
-	// silently falling through to a lower-priority endpoint.
+	// MalformedEndpoint is set when the endpoint other clusters would use is
+	// malformed: the first present source of the remote endpoint chain
+	// (clustermesh-endpoint → force-endpoint → ExternalIP → endpoint,
+	// docs/clustermesh.md) does not parse. Such a node is skipped as a
+	// remote leader rather than falling through to the next source, which
+	// could point somewhere the operator did not intend. In-cluster use is
+	// unaffected: Kilo itself falls back from force-endpoint to endpoint.
 	MalformedEndpoint bool
 }
 

@@ -208,7 +208,7 @@ func (l *Local) State(clusterName string) LocalState {
 		meshes = append(meshes, m)
 	}
 	// A ClusterMesh edit that fails validation changes nothing on the data
-	// plane: its last accepted version stays in force (clustermesh.md).
+	// plane: its last accepted version stays in force (docs/clustermesh.md).
 	st.Mesh = l.keeper.Resolve(meshes, clusterName)
 	st.Rejections = append(st.Rejections, st.Mesh.Rejections...)
 	return st

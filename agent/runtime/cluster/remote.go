@@ -193,7 +193,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	gen := w.gen
 	w.mu.Unlock()
 	if err != nil {
-		w.rs.log().Error("remote kubeconfig unusable", "cluster", w.name, "err", err)
+		w.rs.log().Error("remote kubeconfig unusable", "cluster", w.name, "error", err)
 		w.setReady(false)
 		return
 	}
@@ -233,7 +233,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	// ready at once; the reflector retries with backoff by itself.
 	for _, inf := range []cache.SharedIndexInformer{nodeInf, peerInf} {
 		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			w.rs.log().Warn("remote watch failed", "cluster", w.name, "err", err)
+			w.rs.log().Warn("remote watch failed", "cluster", w.name, "error", err)
 			w.setReady(false)
 		})
 	}

@@ -43,14 +43,14 @@ func (s *Source) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
 
 // Publisher writes this node's Kilo annotations with a merge patch of the
 // values that differ. last-seen alone is refreshed only when it is older
-// than Heartbeat, so a quiet cluster sees one patch per node every ~30 s,
+// than LastSeenRefresh, so a quiet cluster sees one patch per node every ~30 s,
 // as with kg.
 type Publisher struct {
-	Client    kubernetes.Interface
-	Local     *Local
-	Node      string
-	Heartbeat time.Duration
-	Now       func() time.Time
+	Client          kubernetes.Interface
+	Local           *Local
+	Node            string
+	LastSeenRefresh time.Duration
+	Now             func() time.Time
 }
 
 // Publish implements reconcile.Publisher.
@@ -59,7 +59,7 @@ func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, 
 	if p.Now != nil {
 		now = p.Now
 	}
-	hb := p.Heartbeat
+	hb := p.LastSeenRefresh
 	if hb <= 0 {
 		hb = 25 * time.Second
 	}
@@ -83,8 +83,8 @@ func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, 
 
 // AnnotationDiff returns the annotations to patch: every value that
 // differs, plus last-seen when anything is patched or the published one is
-// older than heartbeat.
-func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, heartbeat time.Duration) map[string]string {
+// older than refresh.
+func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, refresh time.Duration) map[string]string {
 	have := cur.Annotations
 	diff := map[string]string{}
 	for k, v := range want {
@@ -97,7 +97,7 @@ func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, hea
 	}
 	stale := true
 	if s, ok := have[topology.AnnotationLastSeen]; ok {
-		if sec, err := strconv.ParseInt(s, 10, 64); err == nil && now.Sub(time.Unix(sec, 0)) < heartbeat {
+		if sec, err := strconv.ParseInt(s, 10, 64); err == nil && now.Sub(time.Unix(sec, 0)) < refresh {
 			stale = false
 		}
 	}

@@ -35,7 +35,7 @@ func newObjects(cluster string) objects {
 // 10,000 remote Nodes most events change nothing else; those do not wake the
 // loop. A last-seen that was old enough for the node to have dropped out of
 // the mesh does wake it (the node is back); a node going stale is noticed by
-// the loop's heartbeat.
+// the loop's MinRunInterval (agent/runtime/runner).
 func (o *objects) setNode(n *corev1.Node, deleted bool, now time.Time) bool {
 	if deleted {
 		delete(o.nodes, n.Name)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -34,7 +36,7 @@ type Config struct {
 	ServiceCIDRs  stringList
 	ResyncPeriod  time.Duration
 	Listen        string
-	WireGuard     string // kernel | userspace | auto
+	WireGuardMode string // kernel | userspace | auto
 	MetricsCompat string // "" | wireguard-exporter
 	KeyFile       string
 	LogLevel      string
@@ -92,7 +94,7 @@ func (c *Config) RegisterAgent(fs *flag.FlagSet) {
 	fs.StringVar(&c.Namespace, "namespace", "kilo-system", "namespace of ClusterMesh objects and their Secrets")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
 	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz")
-	fs.StringVar(&c.WireGuard, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
+	fs.StringVar(&c.WireGuardMode, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
 	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -154,16 +156,18 @@ func (c *Config) Validate() error {
 		}
 		c.parsed.services = append(c.parsed.services, p.Masked())
 	}
-	if c.ClusterName != "" && !isDNSLabel(c.ClusterName) {
-		bad("cluster-name", "%q is not a DNS label", c.ClusterName)
+	if c.ClusterName != "" {
+		if errs := validation.IsDNS1123Label(c.ClusterName); len(errs) > 0 {
+			bad("cluster-name", "%q is not a DNS label: %s", c.ClusterName, strings.Join(errs, "; "))
+		}
 	}
 	if c.ResyncPeriod != 0 && c.ResyncPeriod < time.Second {
 		bad("resync-period", "%v is below 1s", c.ResyncPeriod)
 	}
-	switch c.WireGuard {
+	switch c.WireGuardMode {
 	case "", "kernel", "userspace", "auto":
 	default:
-		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuard)
+		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuardMode)
 	}
 	switch c.MetricsCompat {
 	case "", "wireguard-exporter":
@@ -176,18 +180,6 @@ func (c *Config) Validate() error {
 		bad("log-level", "%q must be debug, info, warn or error", c.LogLevel)
 	}
 	return errors.Join(errs...)
-}
-
-func isDNSLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // Settings returns the planner's settings. Call Validate first.

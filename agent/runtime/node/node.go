@@ -56,7 +56,7 @@ type Facts struct {
 
 // notHost are interfaces whose addresses are not the host's own: the
 // tunnels and Cilium's devices (the WireGuard interface is added to them).
-var notHost = []string{netlinkx.TunnelCilium, netlinkx.TunnelDefault, "cilium_host", "cilium_net"}
+var notHost = []string{topology.TunnelCilium, topology.TunnelIPIP, "cilium_host", "cilium_net"}
 
 // Self implements reconcile.SelfSource.
 func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
@@ -68,7 +68,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 	if err != nil {
 		return topology.Self{}, err
 	}
-	tunnel, err := f.Host.FindTunnel()
+	tunnel, err := f.Host.FindTunnel(topology.TunnelCilium, topology.TunnelIPIP)
 	if err != nil {
 		return topology.Self{}, fmt.Errorf("looking for the tunnel device: %w", err)
 	}

@@ -29,9 +29,9 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 )
 
-// Heartbeat: the loop runs at least this often so that last-seen (Kilo's
+// MinRunInterval: the loop runs at least this often so that last-seen (Kilo's
 // 60 s readiness window) stays fresh whatever --resync-period says.
-const Heartbeat = 10 * time.Second
+const MinRunInterval = 10 * time.Second
 
 // WireGuard is the device actuator and its stats.
 type WireGuard interface {
@@ -126,9 +126,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	return a.Loop.Run(ctx)
 }
 
-// forward turns host events and the heartbeat into loop runs.
+// forward turns host events and MinRunInterval into loop runs.
 func (a *Agent) forward(ctx context.Context) {
-	t := time.NewTicker(Heartbeat)
+	t := time.NewTicker(MinRunInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -167,7 +167,7 @@ func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.opts.Log.Error("metrics server", "err", err)
+			a.opts.Log.Error("metrics server", "error", err)
 		}
 	}()
 	go func() {
