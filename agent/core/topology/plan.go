@@ -699,6 +699,7 @@ func (p *planner) finish() {
 		return a.Message < b.Message
 	})
 	pl.Rejections = dedupRejections(pl.Rejections)
+	p.assignReporters()
 	if pl.WireGuard.Peers == nil {
 		pl.WireGuard.Peers = []WireGuardPeer{}
 	}
@@ -735,6 +736,42 @@ func (p *planner) discoveredToPublish() map[Key]netip.AddrPort {
 		}
 	}
 	return out
+}
+
+// assignReporters sets each rejection's Reporter (see Rejection): only Ready
+// nodes that run meshlet (meshlet.io/version) can write an Event.
+func (p *planner) assignReporters() {
+	runs := map[string]bool{}
+	var leaders, others []string
+	for _, s := range p.segments {
+		for _, n := range s.nodes {
+			if n.MeshletVersion == "" {
+				continue
+			}
+			runs[n.Name] = true
+			if n == s.leaderNode() {
+				leaders = append(leaders, n.Name)
+			} else {
+				others = append(others, n.Name)
+			}
+		}
+	}
+	sort.Strings(leaders)
+	sort.Strings(others)
+	reporter := p.self.Name
+	switch {
+	case len(leaders) > 0:
+		reporter = leaders[0]
+	case len(others) > 0:
+		reporter = others[0]
+	}
+	for i := range p.plan.Rejections {
+		r := &p.plan.Rejections[i]
+		r.Reporter = reporter
+		if r.Object.Kind == "Node" && r.Object.Cluster == "" && runs[r.Object.Name] {
+			r.Reporter = r.Object.Name
+		}
+	}
 }
 
 func kindOrder(k PeerKind) int {

@@ -664,3 +664,31 @@ func TestDiscoveredEndpointsPublishedAsKilo(t *testing.T) {
 		t.Errorf("discovered-endpoints = %s, want %s", got, want)
 	}
 }
+
+// TestRejectionReporters: one node writes each rejection's Event — the node
+// itself for its own annotations when it runs meshlet, else the first
+// segment leader (by name) that runs meshlet; nodes run by kg never do.
+func TestRejectionReporters(t *testing.T) {
+	nodes := threeLocations() // leaders a-2, b-2, c-1
+	for i := range nodes {
+		nodes[i].MeshletVersion = "v1"
+	}
+	nodes[1].MeshletVersion = "" // a-2 runs kg
+	nodes[0].ForceEndpoint = ""
+	snap := Snapshot{Now: now, Nodes: nodes, Rejections: []Rejection{
+		{Object: ObjectRef{Kind: "Node", Name: "a-1"}, Field: "kilo.squat.ai/force-endpoint", Reason: ReasonInvalidEndpoint},
+		{Object: ObjectRef{Kind: "Node", Name: "a-2"}, Field: "kilo.squat.ai/force-endpoint", Reason: ReasonInvalidEndpoint},
+		{Object: ObjectRef{Kind: "Peer", Name: "laptop"}, Reason: ReasonInvalidKey},
+	}}
+	self := selfOf(nodes[3], "eth0")
+	self.Version = "v1"
+	pl := Compute(snap, self)
+	got := map[string]string{}
+	for _, r := range pl.Rejections {
+		got[r.Object.String()] = r.Reporter
+	}
+	want := map[string]string{"Node/a-1": "a-1", "Node/a-2": "b-2", "Peer/laptop": "b-2"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("reporters = %v, want %v", got, want)
+	}
+}

@@ -349,7 +349,8 @@ func (r Rejection) MarshalJSON() ([]byte, error) {
 		Field     string `json:"field,omitempty"`
 		Reason    Reason `json:"reason"`
 		Message   string `json:"message"`
-	}{r.Object.String(), r.Object.Kind, r.Object.Cluster, r.Object.Namespace, r.Object.Name, r.Field, r.Reason, r.Message})
+		Reporter  string `json:"reporter,omitempty"`
+	}{r.Object.String(), r.Object.Kind, r.Object.Cluster, r.Object.Namespace, r.Object.Name, r.Field, r.Reason, r.Message, r.Reporter})
 }
 
 // Rejection is input the planner refused, with the reason.
@@ -358,6 +359,12 @@ type Rejection struct {
 	Field   string    `json:"field,omitempty"`
 	Reason  Reason    `json:"reason"`
 	Message string    `json:"message"`
+	// Reporter is the node that writes the rejection's Event, so a cluster
+	// writes one Event per rejection, not one per node: a node running
+	// meshlet reports its own annotations; everything else is reported by
+	// the first segment leader (by name) that runs meshlet — it watches the
+	// remote clusters too.
+	Reporter string `json:"reporter,omitempty"`
 }
 
 // Plan is one node's desired network state.

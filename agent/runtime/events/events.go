@@ -3,19 +3,16 @@
 // a log line with the reason, and meshlet_rejections_total{reason}. Each
 // rejection is reported once while it lasts, not at every resync.
 //
-// Every node computes the same rejections; one node writes the Event of
-// each, so a cluster of a hundred nodes writes one Event, not a hundred: a
-// rejection of a Node's own annotations is written by that node, every other
-// one (Peers, ClusterMeshes, remote clusters' objects) by the first segment
-// leader by name, which watches the remote clusters too. Events go through
-// client-go's recorder (its correlator aggregates repeats).
+// Every node computes the same rejections; the one the planner names as
+// each rejection's Reporter writes its Event, so a cluster of a hundred nodes
+// writes one Event, not a hundred. Events go through client-go's recorder
+// (its correlator aggregates repeats).
 package events
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -108,30 +105,11 @@ func (s *Sink) report(ctx context.Context, plan topology.Plan, r topology.Reject
 	if s.Metrics != nil {
 		s.Metrics.Rejections.WithLabelValues(string(r.Reason)).Inc()
 	}
-	if s.Recorder == nil || !Reporter(plan, r, s.Node) {
+	if s.Recorder == nil || r.Reporter != s.Node {
 		return
 	}
 	ref, msg := s.involved(plan, r)
 	s.Recorder.Event(ref, corev1.EventTypeWarning, string(r.Reason), msg)
-}
-
-// Reporter tells whether node writes the Event of rejection r: a local
-// Node's own rejections are its own; every other one belongs to the first
-// segment leader by name (every node computes the same segments). A node
-// outside the mesh (no segments yet) writes its own.
-func Reporter(plan topology.Plan, r topology.Rejection, node string) bool {
-	if r.Object.Kind == "Node" && r.Object.Cluster == "" {
-		return r.Object.Name == node
-	}
-	var leaders []string
-	for _, s := range plan.Segments {
-		leaders = append(leaders, s.Leader)
-	}
-	if len(leaders) == 0 {
-		return true
-	}
-	sort.Strings(leaders)
-	return leaders[0] == node
 }
 
 // involved maps a rejection to the local object its Event is attached to:

@@ -42,8 +42,8 @@ func TestReportOncePerRejection(t *testing.T) {
 	rec := record.NewFakeRecorder(100)
 	rec.IncludeObject = true
 	a := &Sink{Recorder: rec, UIDs: uids, Node: "node-a", Metrics: m}
-	bad := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Field: "spec.publicKey", Reason: topology.ReasonInvalidKey, Message: "not base64"}
-	remote := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "cluster-b", Name: "b-1"}, Field: "podCIDRs", Reason: topology.ReasonDefaultRoute, Message: "0.0.0.0/0 is a default route"}
+	bad := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Field: "spec.publicKey", Reason: topology.ReasonInvalidKey, Message: "not base64", Reporter: "node-a"}
+	remote := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "cluster-b", Name: "b-1"}, Field: "podCIDRs", Reason: topology.ReasonDefaultRoute, Message: "0.0.0.0/0 is a default route", Reporter: "node-a"}
 
 	for i := 0; i < 5; i++ { // five resyncs
 		a.Report(ctx, plan(bad, remote))
@@ -81,13 +81,13 @@ func TestReportOncePerRejection(t *testing.T) {
 	}
 }
 
-// TestOneReporterPerRejection: of all the nodes that compute a rejection,
-// one writes its Event — the node itself for its own annotations, the first
-// segment leader by name for the rest — while each logs and counts it.
-func TestOneReporterPerRejection(t *testing.T) {
+// TestOnlyTheReporterWritesTheEvent: every node logs and counts a
+// rejection; only the node the planner names as its Reporter writes the
+// Event.
+func TestOnlyTheReporterWritesTheEvent(t *testing.T) {
 	ctx := context.Background()
-	own := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Name: "node-c"}, Field: "kilo.squat.ai/force-endpoint", Reason: topology.ReasonInvalidEndpoint, Message: "x"}
-	peer := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Reason: topology.ReasonInvalidKey, Message: "y"}
+	own := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Name: "node-c"}, Field: "kilo.squat.ai/force-endpoint", Reason: topology.ReasonInvalidEndpoint, Message: "x", Reporter: "node-c"}
+	peer := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Reason: topology.ReasonInvalidKey, Message: "y", Reporter: "node-a"}
 	written := map[string][]string{}
 	for _, node := range []string{"node-a", "node-b", "node-c"} {
 		rec := record.NewFakeRecorder(10)
@@ -104,7 +104,7 @@ func TestOneReporterPerRejection(t *testing.T) {
 		t.Errorf("the node's own rejection written by %v, want node-c", w)
 	}
 	if w := written["InvalidKey"]; len(w) != 1 || w[0] != "node-a" {
-		t.Errorf("the Peer's rejection written by %v, want node-a (first leader by name)", w)
+		t.Errorf("the Peer's rejection written by %v, want node-a", w)
 	}
 }
 
