@@ -411,6 +411,9 @@ type RemoteInfo struct {
 	AllowedNetworks []netip.Prefix `json:"allowedNetworks"`
 	Leaders         []string       `json:"leaders"`
 	Synced          bool           `json:"synced"`
+	// Segments are the remote cluster's segments as this leader sees them
+	// (leaders elected with Kilo's rules, their nodes); only on leaders.
+	Segments []SegmentInfo `json:"segments,omitempty"`
 }
 
 // MarshalText encodes the key as base64, so JSON and YAML show the usual form.
