@@ -94,8 +94,8 @@ type Collector struct {
 	txSeen map[wgtypes.Key]txMark
 
 	handshake, rx, tx, keepalive, up, allowed *prometheus.Desc
-	compatSent, compatRecv, compatHS *prometheus.Desc
-	scrapeErr                        *prometheus.Desc
+	compatSent, compatRecv, compatHS          *prometheus.Desc
+	scrapeErr                                 *prometheus.Desc
 }
 
 type txMark struct {
