@@ -19,7 +19,7 @@ K8S_BIN       ?= $(shell hack/k8s/ensure.sh)
 # staticcheck and kustomize, pinned in hack/tools and cached the same way.
 TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
 
-.PHONY: all build test unit lint bench e2e e2e-kernel demo clean
+.PHONY: all build test unit lint bench e2e e2e-kernel demo image clean
 
 all: build
 
@@ -60,6 +60,13 @@ demo: build
 	hack/install-deps.sh
 	$(GO) build -o bin/demo ./e2e/cmd/demo
 	MESHLET_K8S_BIN=$(K8S_BIN) bin/demo --meshlet $(CURDIR)/$(BIN) $(DEMO_ARGS)
+
+# The multi-arch (linux/amd64, linux/arm64) OCI image as a tarball, without a
+# Docker engine: hack/image/README.md.
+IMAGE_TAR     ?= bin/meshlet-image.tar
+image:
+	hack/install-deps.sh image
+	VERSION=$(VERSION) hack/image/build.sh $(IMAGE_TAR)
 
 clean:
 	rm -rf bin e2e-report.txt
