@@ -19,6 +19,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runner"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
+	"github.com/meshlet/meshlet/xtables"
 )
 
 func hostname(flagValue string) (string, error) {
@@ -47,6 +48,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	cfg.RegisterTopology(fs)
 	cfg.RegisterAgent(fs)
+	iptBackend := registerIptablesBackend(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,6 +83,9 @@ func runAgent(ctx context.Context, args []string) error {
 	defer wgc.Close()
 	mgr, err := wg.NewManager(wg.Config{Interface: cfg.Interface, PrivateKey: priv, Client: wgc, Logger: log})
 	if err != nil {
+		return err
+	}
+	if _, err := xtables.Select(ctx, *iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
 		return err
 	}
 	host, err := netlinkx.New(netlinkx.Options{Logger: log})
@@ -125,6 +130,13 @@ func runAgent(ctx context.Context, args []string) error {
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
 	log.Info("meshlet stopped; data plane left in place")
 	return err
+}
+
+// registerIptablesBackend adds --iptables-backend (run and cleanup must
+// agree on it: the chains live in one backend).
+func registerIptablesBackend(fs *flag.FlagSet) *string {
+	return fs.String("iptables-backend", xtables.ModeAuto,
+		"iptables backend: auto (the host's: kubelet's hint chain, else the one holding rules; in meshlet's image), nft, legacy, or system (the iptables in PATH)")
 }
 
 // driftInterval is how often the WireGuard device is compared with what
