@@ -18,14 +18,29 @@ import (
 )
 
 // userspaceCommand runs a userspace WireGuard device as its own process.
-// meshlet starts it detached, so the device — and every session on it —
-// outlives a restart or upgrade of the agent, as a kernel device does.
+// On a host, meshlet starts it detached (--userspace-device=child), so the
+// device — and every session on it — outlives a restart of the agent, as a
+// kernel device does. In a container every process dies with the container,
+// so there the device runs in a container of its own (a sidecar sharing
+// /var/run/wireguard, --userspace-device=sidecar): it outlives restarts of
+// the agent's container, not the pod (manifests/README.md).
 const userspaceCommand = "wireguard-userspace"
+
+// Who runs a userspace device (--userspace-device).
+const (
+	userspaceChild   = "child"
+	userspaceSidecar = "sidecar"
+)
+
+// sidecarWait bounds how long the agent waits for the sidecar's socket; past
+// it the agent exits and its container is restarted.
+const sidecarWait = 60 * time.Second
 
 // ensureDevice returns the WireGuard device for mode: kernel when the
 // kernel has it (auto, kernel), else a userspace device in its own
-// long-lived process (auto, userspace).
-func ensureDevice(ctx context.Context, iface, mode string, log *slog.Logger) (wg.Kind, error) {
+// long-lived process (auto, userspace): started here (child), or run by a
+// sidecar container this waits for (sidecar).
+func ensureDevice(ctx context.Context, iface, mode, userspaceDevice string, log *slog.Logger) (wg.Kind, error) {
 	if mode == "" {
 		mode = string(wg.ModeAuto)
 	}
@@ -42,6 +57,12 @@ func ensureDevice(ctx context.Context, iface, mode string, log *slog.Logger) (wg
 			return "", err
 		}
 		log.Info("kernel WireGuard unavailable, using a userspace device", "interface", iface)
+	}
+	if userspaceDevice == userspaceSidecar {
+		if err := waitSocket(ctx, iface, sidecarWait); err != nil {
+			return "", err
+		}
+		log.Info("userspace WireGuard device of the sidecar is up", "interface", iface)
 	}
 	if socketLive(iface) {
 		d, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: iface, Mode: wg.ModeUserspace, Logger: log})
@@ -67,6 +88,25 @@ func socketLive(iface string) bool {
 	}
 	c.Close()
 	return true
+}
+
+// waitSocket polls for a live UAPI socket of iface until timeout.
+func waitSocket(ctx context.Context, iface string, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !socketLive(iface) {
+		select {
+		case <-deadline.C:
+			return fmt.Errorf("no userspace WireGuard device at %s within %s: is the wireguard sidecar running (meshlet %s --interface %s)?",
+				filepath.Join(wg.SocketDir, iface+".sock"), timeout, userspaceCommand, iface)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
 }
 
 // pidFile records the userspace device's process for `meshlet cleanup`.

@@ -49,11 +49,16 @@ func runAgent(ctx context.Context, args []string) error {
 	cfg.RegisterTopology(fs)
 	cfg.RegisterAgent(fs)
 	iptBackend := registerIptablesBackend(fs)
+	userspaceDevice := fs.String("userspace-device", userspaceChild,
+		"who runs a userspace WireGuard device: child (meshlet starts it as a detached process) or sidecar (another container runs `meshlet wireguard-userspace`, sharing /var/run/wireguard; meshlet waits for its socket)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid flags:\n%w", err)
+	}
+	if *userspaceDevice != userspaceChild && *userspaceDevice != userspaceSidecar {
+		return fmt.Errorf("invalid flags:\n--userspace-device %q must be child or sidecar", *userspaceDevice)
 	}
 	name, err := hostname(cfg.Hostname)
 	if err != nil {
@@ -71,7 +76,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if created {
 		log.Info("generated a new WireGuard key", "file", cfg.KeyFile)
 	}
-	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuard, log)
+	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuard, *userspaceDevice, log)
 	if err != nil {
 		return fmt.Errorf("WireGuard device %s: %w", cfg.Interface, err)
 	}
