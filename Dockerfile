@@ -42,7 +42,7 @@ ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # in the init user namespace, and iptables refuses to run as a non-root user
 # even with file capabilities. The DaemonSet runs it privileged, as Kilo's kg,
 # because writing sysctls (ip_forward, rp_filter) needs a writable /proc/sys,
-# with a read-only root filesystem (see manifests/daemonset.yaml).
+# with a read-only root filesystem (see manifests/base/daemonset.yaml).
 USER 0:0
 # Not a shell (there is none): meshlet itself picks the host's iptables
 # backend at start (--iptables-backend=auto).

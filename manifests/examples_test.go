@@ -28,7 +28,7 @@ func TestExamplesCoherent(t *testing.T) {
 			} `json:"template"`
 		} `json:"spec"`
 	}
-	mustYAML(t, "daemonset.yaml", &ds)
+	mustYAML(t, "base/daemonset.yaml", &ds)
 	sel := ds.Spec.Template.Spec.NodeSelector
 	if sel["meshlet.io/agent"] != "true" {
 		t.Fatalf("DaemonSet nodeSelector %v lacks meshlet.io/agent=true", sel)
