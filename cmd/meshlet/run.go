@@ -131,6 +131,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if _, err := agent.Serve(ctx, cfg.Listen); err != nil {
 		return err
 	}
+	go cleanupKiloWhenReady(ctx, agent.Loop.Ready, host, log)
 	err = agent.Run(ctx)
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
 	log.Info("meshlet stopped; data plane left in place")
