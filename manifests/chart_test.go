@@ -105,6 +105,7 @@ func TestChartEqualsKustomize(t *testing.T) {
 	sameObjects(t, "sidecar+KubePrism vs testdata/talos-userspace",
 		tmpl("wireguard.sidecar=true", "apiServer.host=127.0.0.1", "apiServer.port=7445"),
 		decode(t, kustomizeBuild(t, "testdata/talos-userspace")))
+	sameObjects(t, "kgKey vs testdata/kg-key", tmpl("kgKey=true"), decode(t, kustomizeBuild(t, "testdata/kg-key")))
 	sameObjects(t, "monitoring vs manifests/ + manifests/monitoring",
 		tmpl("monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true"),
 		append(decode(t, kustomizeBuild(t, ".")), decode(t, kustomizeBuild(t, "monitoring"))...))
