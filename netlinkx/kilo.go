@@ -10,16 +10,15 @@ import (
 
 // What Kilo's kg leaves in iptables when it stops without cleaning up
 // (--clean-up=false, or SIGKILL): chains named KILO-* (KILO-NAT in nat;
-// KILO-IPIP and KILO-DROP in filter), the jumps to them from the built-in
-// chains (POSTROUTING, INPUT, ...), and, with kg's default --cni=true, the
-// FORWARD rules that accept the pod subnet, all commented "Kilo: ...".
-// meshlet replaces them with its own MESHLET-* chains; kg's copies would
-// otherwise keep masquerading and accepting after the node's CIDRs changed
-// (docs/migration.md).
-const (
-	kiloChainPrefix = "KILO-"
-	kiloComment     = "Kilo: "
-)
+// KILO-IPIP and KILO-DROP in filter) and the jumps to them from the
+// built-in chains (POSTROUTING, INPUT), one per pod subnet with kg's
+// default --cni=true. meshlet's MESHLET-NAT replaces KILO-NAT; kg's copy
+// would otherwise keep masquerading by a topology nobody maintains.
+// kg's --cni=true FORWARD rules that accept the node's pod subnet
+// ("Kilo: forward packets from/to the pod subnet") are not jumps and are
+// left: they are what a CNI set up by kg needs on a host whose FORWARD
+// policy is DROP, and meshlet is never the CNI (docs/migration.md).
+const kiloChainPrefix = "KILO-"
 
 // kiloTables are the tables kg writes to.
 var kiloTables = []string{"nat", "filter", "mangle"}
@@ -39,7 +38,7 @@ type KiloReport struct {
 
 // CleanupKilo removes what kg left in iptables (see kiloChainPrefix) for
 // IPv4 and IPv6, and nothing else: rules in other chains are deleted only
-// when they jump to a KILO-* chain or carry kg's "Kilo: " comment. Call it
+// when they jump to a KILO-* chain. Call it
 // once meshlet's own chains are in place, so that nothing goes
 // un-masqueraded in between.
 func (h *Host) CleanupKilo(ctx context.Context) (KiloReport, error) {
@@ -83,7 +82,7 @@ func cleanupKiloTable(c kiloLister, table string) ([]string, error) {
 			kilo = append(kilo, ch)
 		}
 	}
-	// Jumps and commented rules first, in every other chain.
+	// Jumps first, in every other chain.
 	for _, ch := range chains {
 		if strings.HasPrefix(ch, kiloChainPrefix) {
 			continue
@@ -122,16 +121,12 @@ func cleanupKiloTable(c kiloLister, table string) ([]string, error) {
 	return removed, nil
 }
 
-// isKiloRule: a jump or goto to a KILO-* chain, or kg's comment.
+// isKiloRule: a jump or goto to a KILO-* chain.
 func isKiloRule(args []string) bool {
 	for i := 0; i+1 < len(args); i++ {
 		switch args[i] {
 		case "-j", "-g", "--jump", "--goto":
 			if strings.HasPrefix(args[i+1], kiloChainPrefix) {
-				return true
-			}
-		case "--comment":
-			if strings.HasPrefix(args[i+1], kiloComment) {
 				return true
 			}
 		}
