@@ -9,7 +9,7 @@ import (
 )
 
 // cleanupKiloWhenReady removes what Kilo's kg left in iptables on this node
-// (docs/migration.md: KILO-* chains, their jumps, kg's --cni FORWARD rules),
+// (docs/migration.md: the KILO-* chains and the jumps to them),
 // once, after meshlet's first successful reconcile has put its own chains
 // in place, so that no packet goes un-masqueraded in between.
 func cleanupKiloWhenReady(ctx context.Context, ready func() bool, host *netlinkx.Host, log *slog.Logger) {
