@@ -23,18 +23,6 @@ import (
 	"github.com/meshlet/meshlet/e2e/apiserver"
 )
 
-// podSecurityBaseline is Talos' admission configuration: Pod Security
-// "baseline" enforced in every namespace but kube-system.
-const podSecurityBaseline = `apiVersion: apiserver.config.k8s.io/v1
-kind: AdmissionConfiguration
-plugins:
-  - name: PodSecurity
-    configuration:
-      apiVersion: pod-security.admission.config.k8s.io/v1
-      kind: PodSecurityConfiguration
-      defaults: {enforce: baseline, enforce-version: latest, audit: restricted, audit-version: latest, warn: restricted, warn-version: latest}
-      exemptions: {usernames: [], runtimeClasses: [], namespaces: [kube-system]}
-`
 
 // kiloPeerCRD is Kilo's Peer CRD as Helm installed it on Cozystack: owned
 // by the field manager "helm", with Helm's release metadata, and a schema
@@ -72,7 +60,7 @@ func TestInstallKeepsKiloObjects(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	admissionFile := filepath.Join(dir, "admission.yaml")
-	if err := os.WriteFile(admissionFile, []byte(podSecurityBaseline), 0o600); err != nil {
+	if err := os.WriteFile(admissionFile, []byte(apiserver.PodSecurityBaseline), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv := apiserver.Start(t, apiserver.Options{ExtraArgs: []string{"--admission-control-config-file=" + admissionFile}})

@@ -282,7 +282,7 @@ func (l *Lane) ControlPlane(ctx context.Context) error {
 		"--initial-cluster=default=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level=warn"); err != nil {
 		return err
 	}
-	if err := os.WriteFile(l.path("admission.yaml"), []byte(podSecurityBaseline), 0o600); err != nil {
+	if err := os.WriteFile(l.path("admission.yaml"), []byte(apiserver.PodSecurityBaseline), 0o600); err != nil {
 		return err
 	}
 	p := func(n string) string { return l.path("pki", n) }
@@ -342,17 +342,6 @@ func (l *Lane) ControlPlane(ctx context.Context) error {
 	}
 }
 
-// podSecurityBaseline is Talos' admission configuration.
-const podSecurityBaseline = `apiVersion: apiserver.config.k8s.io/v1
-kind: AdmissionConfiguration
-plugins:
-  - name: PodSecurity
-    configuration:
-      apiVersion: pod-security.admission.config.k8s.io/v1
-      kind: PodSecurityConfiguration
-      defaults: {enforce: baseline, enforce-version: latest, audit: restricted, audit-version: latest, warn: restricted, warn-version: latest}
-      exemptions: {usernames: [], runtimeClasses: [], namespaces: [kube-system]}
-`
 
 func waitReady(ctx context.Context, cfg *rest.Config, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)

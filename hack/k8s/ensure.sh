@@ -41,10 +41,12 @@ k8s_dir="$cache_root/k8s-$k8s_version-$(hash_of "$here/go.sum" "$here/etcd/go.su
 tools_dir="$cache_root/tools-$(hash_of "$repo/hack/tools/go.sum")"
 node_dir="$cache_root/node-$k8s_version-$(hash_of "$repo/hack/node/go.sum")"
 
+# The version kubernetes' own release build stamps into its binaries.
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
+k8s_ldflags="$k8s_ldflags -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+
 build_k8s() { # $1: temp dir to fill
-	local out=$1 ld
-	ld="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
-	ld="$ld -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+	local out=$1 ld=$k8s_ldflags
 	echo "ensure.sh: building kube-apiserver and kubectl $k8s_version (cold: 7-12 min) ..." >&2
 	(cd "$here" && go build -trimpath -ldflags "$ld" -o "$out/" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl)
@@ -56,9 +58,7 @@ build_k8s() { # $1: temp dir to fill
 }
 
 build_node() { # $1: temp dir to fill
-	local out=$1 ld
-	ld="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
-	ld="$ld -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+	local out=$1 ld=$k8s_ldflags
 	echo "ensure.sh: building kubelet, kube-controller-manager, kube-scheduler $k8s_version (cold: 5-10 min) ..." >&2
 	(cd "$repo/hack/node" && go build -trimpath -ldflags "$ld" -o "$out/" \
 		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
