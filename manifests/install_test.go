@@ -23,7 +23,6 @@ import (
 	"github.com/meshlet/meshlet/e2e/apiserver"
 )
 
-
 // kiloPeerCRD is Kilo's Peer CRD as Helm installed it on Cozystack: owned
 // by the field manager "helm", with Helm's release metadata, and a schema
 // that is not meshlet's copy byte for byte (a description differs).

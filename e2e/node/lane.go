@@ -342,7 +342,6 @@ func (l *Lane) ControlPlane(ctx context.Context) error {
 	}
 }
 
-
 func waitReady(ctx context.Context, cfg *rest.Config, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
