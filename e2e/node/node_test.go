@@ -280,6 +280,35 @@ func TestNodeLane(t *testing.T) {
 	})
 	step("rolling update, keepalive 25 s", roll("e2e1", "keepalive 25 s", 300))
 
+	// 3. The chart's default: no sidecar; the agent starts the userspace
+	// device as a child in its own container (read-only root, emptyDir at
+	// /var/run/wireguard).
+	step("default userspace device (no sidecar)", func() error {
+		if _, err := lane.Helm(ctx, "upgrade", "meshlet", filepath.Join(root, "manifests", "chart"), "--namespace", kiloNS,
+			"--reuse-values", "--set", "wireguard.sidecar=false", "--set", "image.tag=e2e2"); err != nil {
+			return err
+		}
+		if err := poll(ctx, 3*time.Minute, "pods without the sidecar", func() (bool, error) {
+			l, err := cs.CoreV1().Pods(kiloNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=meshlet"})
+			if err != nil {
+				return false, err
+			}
+			ready := 0
+			for _, p := range l.Items {
+				if len(p.Spec.InitContainers) == 0 && podReady(p) && p.DeletionTimestamp == nil {
+					ready++
+				}
+			}
+			return ready == nodes && len(l.Items) == nodes, nil
+		}); err != nil {
+			return err
+		}
+		return poll(ctx, time.Minute, "ping with the child device", func() (bool, error) {
+			r, err := ping(ctx, lane, pinger.Name, target.Status.PodIP, 3, "0.2")
+			return err == nil && r.received > 0, err
+		})
+	})
+
 	step("helm uninstall keeps Kilo's objects", func() error {
 		if _, err := lane.Helm(ctx, "uninstall", "meshlet", "--namespace", kiloNS, "--wait"); err != nil {
 			return err
