@@ -7,14 +7,15 @@
 #   prometheus: promtool for the shipped alert rules
 #   qemu-system-x86, busybox-static, kmod, cpio: the kernel lane
 #   mmdebstrap: the image's Debian rootfs (make image)
-#   containerd, runc, containernetworking-plugins: the real-node lane (make e2e-node)
+#   containerd, runc, containernetworking-plugins, busybox-static: the real-node lane
+#     (make e2e-node; busybox is the ping pods' image)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=(iproute2 iptables nftables conntrack iputils-ping procps)
 case "${1:-}" in
 test) need+=(prometheus) ;;
 image) need+=(mmdebstrap) ;;
-node) need+=(mmdebstrap containerd runc containernetworking-plugins) ;;
+node) need+=(mmdebstrap containerd runc containernetworking-plugins busybox-static) ;;
 all) need+=(prometheus qemu-system-x86 busybox-static kmod cpio mmdebstrap containerd runc containernetworking-plugins) ;;
 esac
 missing=()
