@@ -82,26 +82,52 @@ func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Un
 func TestKustomizeBuild(t *testing.T) {
 	objs := decode(t, kustomizeBuild(t, "."))
 	want := map[string]string{
-		"Namespace":                "kilo-system",
-		"CustomResourceDefinition": "peers.kilo.squat.ai",
-		"ServiceAccount":           "meshlet",
-		"ClusterRole":              "meshlet",
-		"ClusterRoleBinding":       "meshlet",
-		"Role":                     "meshlet",
-		"RoleBinding":              "meshlet",
-		"DaemonSet":                "meshlet",
-		"Service":                  "meshlet",
-		"PodMonitor":               "meshlet",
-		"PrometheusRule":           "meshlet",
+		"ServiceAccount":     "meshlet",
+		"ClusterRole":        "meshlet",
+		"ClusterRoleBinding": "meshlet",
+		"Role":               "meshlet",
+		"RoleBinding":        "meshlet",
+		"DaemonSet":          "meshlet",
+		"Service":            "meshlet",
 	}
 	for kind, name := range want {
 		if find(objs, kind, name) == nil {
 			t.Errorf("kustomize build: no %s %s", kind, name)
 		}
 	}
-	if find(objs, "CustomResourceDefinition", "clustermeshes.kilo.squat.ai") == nil {
-		t.Error("kustomize build: no ClusterMesh CRD")
+	// Only meshlet's own objects: `kubectl delete -k manifests` must never
+	// delete a namespace, a CRD (with every Peer) or anything that needs the
+	// Prometheus Operator's CRDs.
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace", "CustomResourceDefinition", "PodMonitor", "PrometheusRule":
+			t.Errorf("kustomize build manifests/ holds %s %s: it belongs in a separate component", o.GetKind(), o.GetName())
+		}
 	}
+	if len(objs) != len(want) {
+		t.Errorf("kustomize build manifests/: %d objects, want %d", len(objs), len(want))
+	}
+	for dir, kinds := range map[string][]string{
+		"namespace":  {"Namespace/kilo-system"},
+		"crds":       {"CustomResourceDefinition/peers.kilo.squat.ai", "CustomResourceDefinition/clustermeshes.kilo.squat.ai"},
+		"monitoring": {"PodMonitor/meshlet", "PrometheusRule/meshlet"},
+	} {
+		got := decode(t, kustomizeBuild(t, dir))
+		for _, kn := range kinds {
+			kind, name, _ := strings.Cut(kn, "/")
+			if find(got, kind, name) == nil {
+				t.Errorf("kustomize build %s: no %s", dir, kn)
+			}
+		}
+		if len(got) != len(kinds) {
+			t.Errorf("kustomize build %s: %d objects, want %v", dir, len(got), kinds)
+		}
+	}
+	nsObj := decode(t, kustomizeBuild(t, "namespace"))[0]
+	if l := nsObj.GetLabels()["pod-security.kubernetes.io/enforce"]; l != "privileged" {
+		t.Errorf("namespace label pod-security.kubernetes.io/enforce=%q, want privileged", l)
+	}
+	objs = append(objs, decode(t, kustomizeBuild(t, "monitoring"))...)
 	ds := find(objs, "DaemonSet", "meshlet")
 	if ds == nil {
 		t.FailNow()
@@ -243,6 +269,9 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	dyn := dynamic.NewForConfigOrDie(admin)
 
 	local := decode(t, kustomizeBuild(t, "."))
+	for _, dir := range []string{"namespace", "crds", "monitoring"} {
+		local = append(local, decode(t, kustomizeBuild(t, dir))...)
+	}
 	remote := decode(t, kustomizeBuild(t, "remote"))
 
 	// Namespaced objects and custom resources can only be dry-run once their

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
+	"github.com/meshlet/meshlet/xtables"
 )
 
 // runCleanup removes what meshlet installed: its routes and rules (by
@@ -17,7 +18,11 @@ func runCleanup(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	iface := fs.String("interface", "kilo0", "WireGuard interface to delete")
 	keepIface := fs.Bool("keep-interface", false, "keep the interface (only remove routes, rules and chains)")
+	iptBackend := registerIptablesBackend(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if _, err := xtables.Select(ctx, *iptBackend, xtables.DefaultDir, xtables.Exec, newLogger("info")); err != nil {
 		return err
 	}
 	host, err := netlinkx.New(netlinkx.Options{Logger: newLogger("info")})

@@ -22,6 +22,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
+	"github.com/meshlet/meshlet/xtables"
 )
 
 func hostname(flagValue string) (string, error) {
@@ -50,11 +51,17 @@ func runAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	cfg.RegisterTopology(fs)
 	cfg.RegisterAgent(fs)
+	iptBackend := registerIptablesBackend(fs)
+	userspaceDevice := fs.String("userspace-device", userspaceChild,
+		"who runs a userspace WireGuard device: child (meshlet starts it as a detached process) or sidecar (another container runs `meshlet wireguard-userspace`, sharing /var/run/wireguard; meshlet waits for its socket)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid flags:\n%w", err)
+	}
+	if *userspaceDevice != userspaceChild && *userspaceDevice != userspaceSidecar {
+		return fmt.Errorf("invalid flags:\n--userspace-device %q must be child or sidecar", *userspaceDevice)
 	}
 	name, err := hostname(cfg.Hostname)
 	if err != nil {
@@ -72,7 +79,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if created {
 		log.Info("generated a new WireGuard key", "file", cfg.KeyFile)
 	}
-	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, log)
+	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, *userspaceDevice, log)
 	if err != nil {
 		return fmt.Errorf("WireGuard device %s: %w", cfg.Interface, err)
 	}
@@ -84,6 +91,9 @@ func runAgent(ctx context.Context, args []string) error {
 	defer wgc.Close()
 	mgr, err := wg.NewManager(wg.Config{Interface: cfg.Interface, PrivateKey: priv, Client: wgc, Logger: log})
 	if err != nil {
+		return err
+	}
+	if _, err := xtables.Select(ctx, *iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
 		return err
 	}
 	host, err := netlinkx.New(netlinkx.Options{Logger: log})
@@ -127,6 +137,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if _, err := agent.Serve(ctx, cfg.Listen); err != nil {
 		return err
 	}
+	go cleanupKiloWhenReady(ctx, agent.Loop.Ready, host, log)
 	err = agent.Run(ctx)
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
 	log.Info("meshlet stopped; data plane left in place")
@@ -152,6 +163,13 @@ func hostnameAddrs(ctx context.Context, log *slog.Logger) []netip.Addr {
 		addrs[i] = addrs[i].Unmap()
 	}
 	return addrs
+}
+
+// registerIptablesBackend adds --iptables-backend (run and cleanup must
+// agree on it: the chains live in one backend).
+func registerIptablesBackend(fs *flag.FlagSet) *string {
+	return fs.String("iptables-backend", xtables.ModeAuto,
+		"iptables backend: auto (the host's: kubelet's hint chain, else the one holding rules; in meshlet's image), nft, legacy, or system (the iptables in PATH)")
 }
 
 // driftInterval is how often the WireGuard device is compared with what

@@ -174,8 +174,8 @@ func TestAgentAgainstRealAPIServers(t *testing.T) {
 	defer cancel()
 	local := apiserver.Start(t, apiserver.Options{})
 	remote := apiserver.Start(t, apiserver.Options{})
-	applyFiles(t, local.AdminConfig(), "manifests/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
-		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/rbac.yaml")
+	applyFiles(t, local.AdminConfig(), "manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
+		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/base/rbac.yaml")
 	applyFiles(t, remote.AdminConfig(), "manifests/remote/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/remote/rbac.yaml")
 	ladmin := kubernetes.NewForConfigOrDie(local.AdminConfig())
 	radmin := kubernetes.NewForConfigOrDie(remote.AdminConfig())
