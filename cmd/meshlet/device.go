@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/meshlet/meshlet/wg"
 )
@@ -52,23 +53,30 @@ func ensureDevice(ctx context.Context, iface, mode, userspaceDevice string, log 
 	return d.Kind, nil
 }
 
-// runUserspaceDevice is the detached device process.
-func runUserspaceDevice(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet(userspaceCommand, flag.ContinueOnError)
-	iface := fs.String("interface", "kilo0", "interface name")
-	if err := fs.Parse(args); err != nil {
-		return err
+// newUserspaceDeviceCmd hosts a userspace WireGuard device until SIGTERM:
+// the detached process `meshlet run` starts, or a sidecar container.
+func newUserspaceDeviceCmd() *cobra.Command {
+	var iface string
+	c := &cobra.Command{
+		Use:    userspaceCommand,
+		Short:  "Host a userspace WireGuard device (started by meshlet run, or as a sidecar)",
+		Hidden: true,
+		Args:   noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			log := newLogger("info").With("interface", iface)
+			d, err := wg.EnsureDevice(c.Context(), wg.DeviceConfig{Name: iface, Mode: wg.ModeUserspace, Logger: log})
+			if err != nil {
+				return err
+			}
+			select {
+			case <-c.Context().Done():
+				// SIGTERM: `meshlet cleanup` is removing the device.
+				return d.Close()
+			case <-d.Done():
+				return errors.New("device stopped")
+			}
+		},
 	}
-	log := newLogger("info").With("interface", *iface)
-	d, err := wg.EnsureDevice(ctx, wg.DeviceConfig{Name: *iface, Mode: wg.ModeUserspace, Logger: log})
-	if err != nil {
-		return err
-	}
-	select {
-	case <-ctx.Done():
-		// SIGTERM: `meshlet cleanup` is removing the device.
-		return d.Close()
-	case <-d.Done():
-		return errors.New("device stopped")
-	}
+	c.Flags().StringVar(&iface, "interface", "kilo0", "interface name")
+	return c
 }

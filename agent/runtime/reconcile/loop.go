@@ -107,6 +107,24 @@ type Loop struct {
 	// nextChange is when the last snapshot's readiness changes by itself
 	// (a last-seen ageing out), as unix nanoseconds; 0 = never.
 	nextChange atomic.Int64
+	last       atomic.Pointer[Run]
+}
+
+// Run is one reconcile as `meshlet status` shows it: the plan it computed
+// and how applying it went.
+type Run struct {
+	Plan     topology.Plan
+	At       time.Time
+	Duration time.Duration
+	Error    string // "" when everything applied
+}
+
+// Last returns the last run that computed a plan (false before the first).
+func (l *Loop) Last() (Run, bool) {
+	if r := l.last.Load(); r != nil {
+		return *r, true
+	}
+	return Run{}, false
 }
 
 func (l *Loop) init() {
@@ -227,7 +245,15 @@ func (l *Loop) Run(ctx context.Context) error {
 func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	l.init()
 	start := l.Clock.Now()
+	var planned *topology.Plan
 	defer func() {
+		if planned != nil {
+			r := Run{Plan: *planned, At: start, Duration: l.Clock.Since(start)}
+			if err != nil {
+				r.Error = err.Error()
+			}
+			l.last.Store(&r)
+		}
 		result := "success"
 		if err != nil {
 			result = "error"
@@ -255,6 +281,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	snap.Now = l.Clock.Now()
 	snap.Settings = l.Settings
 	plan := topology.Compute(snap, self)
+	planned = &plan
 	if next := topology.NextReadinessChange(snap); next.IsZero() {
 		l.nextChange.Store(0)
 	} else {

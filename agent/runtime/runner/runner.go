@@ -6,6 +6,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,11 +23,13 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
+	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
 // MinRunInterval: the loop runs at least this often so that last-seen (Kilo's
@@ -54,6 +57,14 @@ type Options struct {
 	Log        *slog.Logger
 	// RemoteProbe is how often remote API servers are probed (default 5 s).
 	RemoteProbe time.Duration
+	// Version is meshlet's, shown by /status.
+	Version string
+}
+
+// Drifter is a Host that can tell, without changing anything, how the host
+// differs from a plan (/status shows it; node.Host is one).
+type Drifter interface {
+	Drift(ctx context.Context, plan topology.Plan) ([]string, error)
 }
 
 // Agent is a running meshlet.
@@ -63,6 +74,7 @@ type Agent struct {
 	Local   *cluster.Local
 	Remotes *cluster.Remotes
 	Metrics *metrics.Agent
+	peers   *metrics.Collector
 	events  record.EventBroadcaster
 	client  kubernetes.Interface
 }
@@ -97,7 +109,7 @@ func New(o Options) (*Agent, error) {
 	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
 	loop.Remotes = remotes
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
-	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, events: broadcaster, client: client}, nil
+	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, events: broadcaster, client: client}, nil
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
@@ -142,7 +154,24 @@ func (a *Agent) forward(ctx context.Context) {
 	}
 }
 
-// Serve exposes /metrics, /healthz and /readyz on addr until ctx ends; it
+// Status is this node's state now (`meshlet status`): the last plan, the
+// device as read now with each peer's health, the host's drift from the
+// plan, the remote watchers.
+func (a *Agent) Status(ctx context.Context) status.Status {
+	run, have := a.Loop.Last()
+	in := status.Input{Node: a.opts.Node, Cluster: a.opts.Config.ClusterName, Version: a.opts.Version, Now: time.Now(),
+		Run: run, HaveRun: have, Ready: a.Loop.Ready(), Remotes: a.Remotes.Status()}
+	in.Device, in.DeviceErr = a.opts.WireGuard.Stats(ctx)
+	if in.DeviceErr == nil {
+		in.Health = a.peers.Health(in.Device.Peers)
+	}
+	if d, ok := a.opts.Host.(Drifter); ok && have {
+		in.Drift, in.DriftErr = d.Drift(ctx, run.Plan)
+	}
+	return status.Build(in)
+}
+
+// Serve exposes /metrics, /healthz, /readyz and /status on addr until ctx ends; it
 // returns the bound address (addr may use port 0).
 func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 	mux := http.NewServeMux()
@@ -159,6 +188,14 @@ func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(a.Status(ctx))
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
