@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,37 @@ func TestOperate(t *testing.T) {
 		}
 	})
 
+	// The ClusterMesh's status, written by one of cluster-a's two leaders
+	// (the Lease holder), as `kubectl get clustermesh` shows it.
+	kubectl := func(args ...string) string {
+		out, err := exec.CommandContext(ctx, filepath.Join(os.Getenv("MESHLET_K8S_BIN"), "kubectl"),
+			append([]string{"--kubeconfig", a.AdminKubeconfig()}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	meshReady := func(want string) string {
+		var out string
+		must(t, harness.Poll(ctx, 30*time.Second, 200*time.Millisecond, "ClusterMesh Ready "+want, func() (bool, error) {
+			out = kubectl("get", "clustermesh", "-n", harness.Namespace, "-o", "wide")
+			fields := strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[1])
+			return len(fields) >= 3 && fields[2] == want, nil
+		}))
+		return out
+	}
+	t.Run("clustermesh status", func(t *testing.T) {
+		t.Logf("OUTPUT kubectl get clustermesh -o wide:\n%s", meshReady("True"))
+		holder := strings.TrimSpace(kubectl("get", "lease", "-n", harness.Namespace, "meshlet-clustermesh-status", "-o", "jsonpath={.spec.holderIdentity}"))
+		if holder != "a-x1" && holder != "a-y1" {
+			t.Errorf("Lease held by %q, want one of cluster-a's leaders a-x1, a-y1", holder)
+		}
+		st := kubectl("get", "clustermesh", "-n", harness.Namespace, "mesh", "-o", "jsonpath={.status.clusters}")
+		if !strings.Contains(st, `"name":"cluster-b"`) || !strings.Contains(st, `"nodes":4`) || !strings.Contains(st, `"ready":true`) {
+			t.Errorf("status.clusters = %s", st)
+		}
+	})
+
 	diagnose := func(extra ...string) (string, int) {
 		args := append([]string{"diagnose", "--kubeconfig", a.AdminKubeconfig(), "--namespace", harness.Namespace,
 			"--cluster-name", a.Name, "--subnet", a.WGSubnet.String(), "--agents=false"}, extra...)
@@ -118,6 +150,7 @@ func TestOperate(t *testing.T) {
 		must(t, a.PatchNodeAnnotations(ctx, "a-y2", map[string]*string{"kilo.squat.ai/persistent-keepalive": &bad}))
 		b.Server.Stop()
 		defer b.Server.Start()
+		t.Logf("OUTPUT kubectl get clustermesh -o wide (cluster-b's API down):\n%s", meshReady("False"))
 		out, code = diagnose()
 		t.Logf("OUTPUT meshlet diagnose (cluster-b's API down, a malformed annotation):\n%s", out)
 		if code != 1 {

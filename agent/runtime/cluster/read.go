@@ -103,7 +103,7 @@ func readNodesAndPeers(ctx context.Context, cfg *rest.Config, client kubernetes.
 	for i := range nodes.Items {
 		out.Nodes = append(out.Nodes, &nodes.Items[i])
 	}
-	rc, err := kiloClient(cfg)
+	rc, err := KiloClient(cfg)
 	if err != nil {
 		return nil, err
 	}

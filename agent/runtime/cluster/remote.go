@@ -226,7 +226,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		client, err = kubernetes.NewForConfig(cfg)
 	}
 	if err == nil {
-		rc, err = kiloClient(cfg)
+		rc, err = KiloClient(cfg)
 	}
 	w.mu.Lock()
 	w.connectErr = err

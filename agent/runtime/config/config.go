@@ -41,8 +41,10 @@ type Config struct {
 	Listen        string
 	WireGuardMode string // kernel | userspace | auto
 	MetricsCompat string // "" | wireguard-exporter
-	KeyFile       string
-	LogLevel      string
+	// ClusterMeshStatus: compete for the Lease and write ClusterMesh status.
+	ClusterMeshStatus bool
+	KeyFile           string
+	LogLevel          string
 	// RepairSessions re-establishes half-dead sessions to kg-run peers
 	// (docs/kilo-compatibility.md#half-dead).
 	RepairSessions bool
@@ -104,6 +106,7 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster, elected with a Lease; never over another manager's status)")
 	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
 }
 

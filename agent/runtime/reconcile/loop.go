@@ -59,6 +59,12 @@ type RemoteWatchers interface {
 	Reconcile(leader bool, kubeconfigs []clustermesh.Kubeconfig)
 }
 
+// MeshStatus follows this node's role too: a segment leader competes to
+// write the ClusterMesh status (agent/runtime/meshstatus).
+type MeshStatus interface {
+	Follow(plan topology.Plan)
+}
+
 // RejectionSink turns a plan's rejections into Events, logs and metrics,
 // once each.
 type RejectionSink interface {
@@ -86,6 +92,7 @@ type Loop struct {
 	Host       Host
 	Publisher  Publisher
 	Remotes    RemoteWatchers // nil: no remote clusters
+	MeshStatus MeshStatus     // nil: status not written
 	Rejections RejectionSink
 	PeerLabels PeerLabels
 	Metrics    *metrics.Agent
@@ -303,6 +310,9 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	}
 	if l.Remotes != nil {
 		l.Remotes.Reconcile(plan.Leader, kubeconfigs)
+	}
+	if l.MeshStatus != nil {
+		l.MeshStatus.Follow(plan)
 	}
 	if l.Rejections != nil {
 		l.Rejections.Report(ctx, plan)

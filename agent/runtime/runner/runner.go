@@ -27,6 +27,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
+	"github.com/meshlet/meshlet/agent/runtime/meshstatus"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/status"
@@ -75,8 +76,10 @@ type Agent struct {
 	Remotes *cluster.Remotes
 	Metrics *metrics.Agent
 	peers   *metrics.Collector
-	events  record.EventBroadcaster
-	client  kubernetes.Interface
+	// meshStatus is nil with --clustermesh-status=false.
+	meshStatus *meshstatus.Writer
+	events     record.EventBroadcaster
+	client     kubernetes.Interface
 }
 
 // New assembles the agent.
@@ -108,8 +111,18 @@ func New(o Options) (*Agent, error) {
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
 	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
 	loop.Remotes = remotes
+	var ms *meshstatus.Writer
+	if o.Config.ClusterMeshStatus {
+		kiloREST, err := cluster.KiloClient(o.RestConfig)
+		if err != nil {
+			return nil, err
+		}
+		ms = &meshstatus.Writer{Client: client, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
+			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log}
+		loop.MeshStatus = ms
+	}
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
-	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, events: broadcaster, client: client}, nil
+	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}, nil
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
@@ -129,6 +142,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	defer a.events.Shutdown()
 	a.Remotes.Start(ctx)
+	if a.meshStatus != nil {
+		a.meshStatus.Start(ctx)
+	}
 	a.Local.Start(ctx)
 	go a.forward(ctx)
 	if !a.Local.WaitForSync(ctx) {
