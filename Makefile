@@ -54,9 +54,9 @@ e2e: build
 
 # Real kubelets + containerd register Ready nodes; meshlet's chart installs
 # the image of make image from a registry (e2e/node/README.md). Root.
-e2e-node: image
+e2e-node: image build
 	hack/install-deps.sh node
-	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
+	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) MESHLET_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
 	@grep -h 'RESULT' e2e-node-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
 e2e-kernel: build

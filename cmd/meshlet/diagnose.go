@@ -68,7 +68,7 @@ func newDiagnoseCmd() *cobra.Command {
 				printFindings(c.OutOrStdout(), in, flagsFrom, fs)
 			}
 			if n := diagnose.Errors(fs); n > 0 {
-				return fmt.Errorf("%d error(s) found", n)
+				return fmt.Errorf("%s found", plural(n, "error"))
 			}
 			return nil
 		},
@@ -200,6 +200,13 @@ func localName(r clustermesh.Result) string {
 	return ""
 }
 
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
 func orDefault(s, def string) string {
 	if s == "" {
 		return def
@@ -269,9 +276,5 @@ func printFindings(w io.Writer, in diagnose.Input, flagsFrom string, fs []diagno
 			fmt.Fprintf(w, "%-8s %-16s → %s\n", "", "", f.Fix)
 		}
 	}
-	keys := []string{}
-	for _, s := range []diagnose.Severity{diagnose.Error, diagnose.Warning, diagnose.OK} {
-		keys = append(keys, fmt.Sprintf("%d %s", counts[s], s))
-	}
-	fmt.Fprintf(w, "\n%s\n", strings.Join(keys, ", "))
+	fmt.Fprintf(w, "\n%s, %s, %d ok\n", plural(counts[diagnose.Error], "error"), plural(counts[diagnose.Warning], "warning"), counts[diagnose.OK])
 }

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,7 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/meshlet/meshlet/agent/runtime/status"
 	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/e2e/harness"
 )
 
 const kiloNS = "kilo-system"
@@ -184,6 +187,60 @@ func TestNodeLane(t *testing.T) {
 	})
 
 	n1, n2 := lane.Nodes()[0], lane.Nodes()[1]
+	// The operator's view on real pods: `meshlet status` inside the agent's
+	// container, the same through the API server's pod proxy, and
+	// `meshlet diagnose` reading the DaemonSet's flags and every agent.
+	meshletBin := env(t, "MESHLET_BIN")
+	step("meshlet status (kubectl exec, pod proxy)", func() error {
+		pod := podOn(pods, n1.Name)
+		var st status.Status
+		err := harness.Poll(ctx, 60*time.Second, 500*time.Millisecond, n1.Name+"'s peer judged up", func() (bool, error) {
+			// Traffic while polling: a peer without keepalive is judged from
+			// when traffic was sent to it.
+			if _, err := ping(ctx, lane, pinger.Name, target.Status.PodIP, 2, "0.2"); err != nil {
+				return false, err
+			}
+			out, err := lane.Kubectl(ctx, "exec", "-n", kiloNS, pod, "-c", "meshlet", "--", "meshlet", "status", "-o", "json")
+			if err != nil {
+				return false, err
+			}
+			st = status.Status{}
+			if err := json.Unmarshal([]byte(out), &st); err != nil {
+				return false, fmt.Errorf("%w: %s", err, out)
+			}
+			return st.Role == "leader" && len(st.Peers) == 1 && st.Peers[0].Name == n2.Name && st.Peers[0].State == "up", fmt.Errorf("role %q, peers %+v", st.Role, st.Peers)
+		})
+		if err != nil {
+			return err
+		}
+		text, err := lane.Kubectl(ctx, "exec", "-n", kiloNS, pod, "-c", "meshlet", "--", "meshlet", "status")
+		if err != nil {
+			return err
+		}
+		t.Logf("OUTPUT kubectl exec -n kilo-system %s -c meshlet -- meshlet status:\n%s", pod, text)
+		viaProxy, err := lane.InNS(ctx, meshletBin, "status", "--node", n2.Name, "--namespace", kiloNS)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(viaProxy, "Node "+n2.Name) || !strings.Contains(viaProxy, "Role: leader") {
+			return fmt.Errorf("meshlet status --node %s:\n%s", n2.Name, viaProxy)
+		}
+		return nil
+	})
+	step("meshlet diagnose (DaemonSet flags, every agent)", func() error {
+		out, err := lane.InNS(ctx, meshletBin, "diagnose", "--namespace", kiloNS)
+		t.Logf("OUTPUT meshlet diagnose:\n%s", out)
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{"agents 2 read", "topology from DaemonSet kilo-system/meshlet", "every judged peer of the 2 agents read is up"} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("diagnose lacks %q", want)
+			}
+		}
+		return nil
+	})
+
 	// 1. The agent's container restarts (killed), the sidecar's device stays.
 	step("agent container restart", func() error {
 		hs, err := handshake(ctx, httpc, n1, n2.Name)
@@ -489,6 +546,16 @@ func waitDaemonSetPods(ctx context.Context, cs kubernetes.Interface, tag string,
 		return len(pods) == want && len(l.Items) == want, fmt.Errorf("pods: %s", strings.Join(state, "; "))
 	})
 	return pods, err
+}
+
+// podOn is the name of the pod of pods on node.
+func podOn(pods []corev1.Pod, node string) string {
+	for _, p := range pods {
+		if p.Spec.NodeName == node {
+			return p.Name
+		}
+	}
+	return ""
 }
 
 func restartsOf(pods []corev1.Pod, node string) int32 {
