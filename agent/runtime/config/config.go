@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
 
 // Config is the agent's configuration.
@@ -37,7 +38,7 @@ type Config struct {
 	ResyncPeriod  time.Duration
 	Listen        string
 	WireGuardMode string // kernel | userspace | auto
-	MetricsCompat string // "" | wireguard-exporter
+	MetricsCompat string // "", or a comma list of wireguard-exporter and kilo
 	KeyFile       string
 	LogLevel      string
 	// RepairSessions re-establishes half-dead sessions to kg-run peers
@@ -95,7 +96,7 @@ func (c *Config) RegisterAgent(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
 	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&c.WireGuardMode, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
-	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
+	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export other exporters' series: "" or a comma-separated list of wireguard-exporter (prometheus_wireguard_exporter) and kilo (kg's kilo_*)`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
@@ -169,10 +170,8 @@ func (c *Config) Validate() error {
 	default:
 		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuardMode)
 	}
-	switch c.MetricsCompat {
-	case "", "wireguard-exporter":
-	default:
-		bad("metrics-compat", `%q must be "" or wireguard-exporter`, c.MetricsCompat)
+	if _, err := metrics.ParseCompat(c.MetricsCompat); err != nil {
+		bad("metrics-compat", `%v: must be "" or a comma-separated list of wireguard-exporter and kilo`, err)
 	}
 	switch c.LogLevel {
 	case "", "debug", "info", "warn", "error":

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
@@ -80,7 +81,11 @@ func New(o Options) (*Agent, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	am := metrics.NewAgent(o.Registry)
-	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, o.Config.MetricsCompat == "wireguard-exporter", nil)
+	compat, err := metrics.ParseCompat(o.Config.MetricsCompat)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-compat: %w", err)
+	}
+	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, compat.WireGuardExporter, nil)
 	o.Registry.MustRegister(collector)
 
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
@@ -97,7 +102,22 @@ func New(o Options) (*Agent, error) {
 	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
 	loop.Remotes = remotes
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
+	if compat.Kilo {
+		kilo := metrics.NewKilo(am)
+		o.Registry.MustRegister(kilo)
+		loop.Rejections = plans{loop.Rejections, kilo}
+	}
 	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, events: broadcaster, client: client}, nil
+}
+
+// plans hands every plan the loop reports to each of its sinks: the
+// rejection sink, and with --metrics-compat=kilo the kilo_* series.
+type plans []reconcile.RejectionSink
+
+func (ps plans) Report(ctx context.Context, plan topology.Plan) {
+	for _, p := range ps {
+		p.Report(ctx, plan)
+	}
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
