@@ -153,6 +153,12 @@ func TestKustomizeBuild(t *testing.T) {
 	if ports[0].(map[string]any)["name"] != port {
 		t.Errorf("PodMonitor port %v, container ports %v", port, ports)
 	}
+	// Its job is the pods' label value "meshlet": the job the agent alerts
+	// of rules.yaml select.
+	jobLabel, _, _ := unstructured.NestedString(pm.Object, "spec", "jobLabel")
+	if podLabels[jobLabel] != "meshlet" {
+		t.Errorf("PodMonitor jobLabel %q gives job %q, the alerts select job=\"meshlet\"", jobLabel, podLabels[jobLabel])
+	}
 
 	remote := decode(t, kustomizeBuild(t, "remote"))
 	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
@@ -174,6 +180,52 @@ func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
 	}
 }
 
+// TestAlertRunbooks: every alert has a runbook_url to its own section of
+// docs/runbooks.md, and every section there belongs to an alert.
+func TestAlertRunbooks(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	mustYAML(t, "monitoring/rules.yaml", &rules)
+	doc, err := os.ReadFile("../docs/runbooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]bool{}
+	for _, l := range strings.Split(string(doc), "\n") {
+		if h, ok := strings.CutPrefix(l, "## "); ok {
+			sections[h] = true
+		}
+	}
+	const base = "https://github.com/meshlet/meshlet/blob/main/docs/runbooks.md#"
+	alerts := map[string]bool{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts[r.Alert] = true
+			// GitHub's anchor of a heading "## MeshletPeerDown" is its lower case.
+			if want := base + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+				t.Errorf("%s: runbook_url %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
+			}
+			if !sections[r.Alert] {
+				t.Errorf("%s: no section \"## %s\" in docs/runbooks.md", r.Alert, r.Alert)
+			}
+		}
+	}
+	for h := range sections {
+		if !alerts[h] {
+			t.Errorf("docs/runbooks.md has a section %q for no alert", h)
+		}
+	}
+}
+
 func TestPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -181,8 +233,8 @@ func TestPromtool(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"check", "rules", "rules.yaml"},
-		// Includes: never-handshaken peers and idle peers without keepalive
-		// do not fire; a keepalive peer with a stale handshake does.
+		// Every alert fires and does not fire; among them a keepalive-250
+		// peer (handshake age past 210 s) and an idle peer never fire.
 		{"test", "rules", "rules_test.yaml"},
 	} {
 		cmd := exec.Command(promtool, args...)
