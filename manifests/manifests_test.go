@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/e2e/harness"
 )
 
 const ns = "kilo-system"
@@ -110,7 +112,7 @@ func TestKustomizeBuild(t *testing.T) {
 	for dir, kinds := range map[string][]string{
 		"namespace":  {"Namespace/kilo-system"},
 		"crds":       {"CustomResourceDefinition/peers.kilo.squat.ai", "CustomResourceDefinition/clustermeshes.kilo.squat.ai"},
-		"monitoring": {"PodMonitor/meshlet", "PrometheusRule/meshlet"},
+		"monitoring": {"PodMonitor/meshlet", "PrometheusRule/meshlet", "ConfigMap/meshlet-dashboard"},
 	} {
 		got := decode(t, kustomizeBuild(t, dir))
 		for _, kn := range kinds {
@@ -224,6 +226,58 @@ func TestAlertRunbooks(t *testing.T) {
 			t.Errorf("docs/runbooks.md has a section %q for no alert", h)
 		}
 	}
+}
+
+// TestDashboardQueries: every panel of the Grafana dashboard has queries,
+// on the dashboard's data source variable, and each is valid PromQL
+// (promtool checks them as recording rules). That they return data on a
+// real mesh is TestAlertsOnPrometheus's part (make e2e).
+func TestDashboardQueries(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		apiserver.SkipOrFail(t, "promtool not installed (apt-get install prometheus): %v", err)
+	}
+	qs, err := harness.DashboardQueries("monitoring/dashboard.json", map[string]string{"node": ".*", "__rate_interval": "5m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type       string         `json:"type"`
+			Title      string         `json:"title"`
+			Datasource map[string]any `json:"datasource"`
+		} `json:"panels"`
+	}
+	b, err := os.ReadFile("monitoring/dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID != "meshlet" {
+		t.Errorf("uid %q, want meshlet (stable links)", d.UID)
+	}
+	for _, p := range d.Panels {
+		if p.Type != "row" && p.Datasource["uid"] != "${datasource}" {
+			t.Errorf("panel %q: data source %v, want the ${datasource} variable", p.Title, p.Datasource)
+		}
+	}
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for i, q := range qs {
+		e, _ := json.Marshal(q.Expr)
+		fmt.Fprintf(&rules, "      - record: dashboard_query_%d\n        expr: %s\n", i, e)
+	}
+	f := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(f, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Errorf("dashboard queries do not parse: %v\n%s\n%s", err, out, rules.String())
+	}
+	t.Logf("%d queries in %d panels", len(qs), len(d.Panels))
 }
 
 func TestPromtool(t *testing.T) {
