@@ -4,7 +4,8 @@
 #   hack/install-deps.sh [test|image|node|all]   (default: what the e2e suite and demo need)
 #   iproute2, iptables, nftables, conntrack, iputils-ping, procps: nodes as
 #     network namespaces, NAT router, meshlet's own iptables chains
-#   prometheus: promtool for the shipped alert rules
+#   prometheus: promtool for the shipped alert rules (make test), and the real
+#     Prometheus that make e2e runs the alerts and the dashboard's queries on
 #   qemu-system-x86, busybox-static, kmod, cpio: the kernel lane
 #   mmdebstrap: the image's Debian rootfs (make image)
 #   containerd, runc, containernetworking-plugins, busybox-static: the real-node lane
@@ -13,7 +14,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=(iproute2 iptables nftables conntrack iputils-ping procps)
 case "${1:-}" in
-test) need+=(prometheus) ;;
+""|test) need+=(prometheus) ;;
 image) need+=(mmdebstrap) ;;
 node) need+=(mmdebstrap containerd runc containernetworking-plugins busybox-static) ;;
 all) need+=(prometheus qemu-system-x86 busybox-static kmod cpio mmdebstrap containerd runc containernetworking-plugins) ;;
@@ -27,7 +28,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian's prometheus and containerd packages start servers where systemd
-  # runs; only promtool is used, and make e2e-node starts its own containerd.
+  # runs; the tests start their own Prometheus and containerd.
   systemctl stop prometheus prometheus-node-exporter containerd 2>/dev/null || true
 fi
 mkdir -p /run/wireguard

@@ -107,7 +107,7 @@ func TestChartEqualsKustomize(t *testing.T) {
 		decode(t, kustomizeBuild(t, "testdata/talos-userspace")))
 	sameObjects(t, "kgKey vs testdata/kg-key", tmpl("kgKey=true"), decode(t, kustomizeBuild(t, "testdata/kg-key")))
 	sameObjects(t, "monitoring vs manifests/ + manifests/monitoring",
-		tmpl("monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true"),
+		tmpl("monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"),
 		append(decode(t, kustomizeBuild(t, ".")), decode(t, kustomizeBuild(t, "monitoring"))...))
 	// Values of the same meaning as Cozystack's Kilo chart reach the flags.
 	ds := find(tmpl("transitCIDR=10.99.0.0/16", "meshGranularity=full", "compatibility=", "mtu=1380",
@@ -148,7 +148,7 @@ func toStrings(in []any) []string {
 }
 
 func TestHelmLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"--set", "wireguard.sidecar=true,monitoring.podMonitor.enabled=true,monitoring.prometheusRule.enabled=true,apiServer.host=127.0.0.1,apiServer.port=7445"}} {
+	for _, set := range [][]string{nil, {"--set", "wireguard.sidecar=true,monitoring.podMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.grafanaDashboard.enabled=true,apiServer.host=127.0.0.1,apiServer.port=7445"}} {
 		out := helm(t, append([]string{"lint", "--strict", "chart"}, set...)...)
 		if !bytes.Contains(out, []byte("0 chart(s) failed")) || bytes.Contains(out, []byte("[WARNING]")) || bytes.Contains(out, []byte("[ERROR]")) {
 			t.Errorf("helm lint %v:\n%s", set, out)
@@ -156,13 +156,14 @@ func TestHelmLint(t *testing.T) {
 	}
 }
 
-// TestChartCopies: the chart's CRDs and alert rules are copies (a chart
+// TestChartCopies: the chart's CRDs, alert rules and dashboard are copies (a chart
 // cannot reach files outside its directory); they must stay byte-equal.
 func TestChartCopies(t *testing.T) {
 	for chart, src := range map[string]string{
 		"chart/crds/peers.kilo.squat.ai.yaml":         "crds/peers.kilo.squat.ai.yaml",
 		"chart/crds/clustermeshes.kilo.squat.ai.yaml": "crds/clustermeshes.kilo.squat.ai.yaml",
 		"chart/files/rules.yaml":                      "monitoring/rules.yaml",
+		"chart/files/dashboard.json":                  "monitoring/dashboard.json",
 	} {
 		a, err := os.ReadFile(chart)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/e2e/harness"
 )
 
 const ns = "kilo-system"
@@ -110,7 +112,7 @@ func TestKustomizeBuild(t *testing.T) {
 	for dir, kinds := range map[string][]string{
 		"namespace":  {"Namespace/kilo-system"},
 		"crds":       {"CustomResourceDefinition/peers.kilo.squat.ai", "CustomResourceDefinition/clustermeshes.kilo.squat.ai"},
-		"monitoring": {"PodMonitor/meshlet", "PrometheusRule/meshlet"},
+		"monitoring": {"PodMonitor/meshlet", "PrometheusRule/meshlet", "ConfigMap/meshlet-dashboard"},
 	} {
 		got := decode(t, kustomizeBuild(t, dir))
 		for _, kn := range kinds {
@@ -153,6 +155,12 @@ func TestKustomizeBuild(t *testing.T) {
 	if ports[0].(map[string]any)["name"] != port {
 		t.Errorf("PodMonitor port %v, container ports %v", port, ports)
 	}
+	// Its job is the pods' label value "meshlet": the job the agent alerts
+	// of rules.yaml select.
+	jobLabel, _, _ := unstructured.NestedString(pm.Object, "spec", "jobLabel")
+	if podLabels[jobLabel] != "meshlet" {
+		t.Errorf("PodMonitor jobLabel %q gives job %q, the alerts select job=\"meshlet\"", jobLabel, podLabels[jobLabel])
+	}
 
 	remote := decode(t, kustomizeBuild(t, "remote"))
 	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
@@ -174,6 +182,104 @@ func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
 	}
 }
 
+// TestAlertRunbooks: every alert has a runbook_url to its own section of
+// docs/runbooks.md, and every section there belongs to an alert.
+func TestAlertRunbooks(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	mustYAML(t, "monitoring/rules.yaml", &rules)
+	doc, err := os.ReadFile("../docs/runbooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]bool{}
+	for _, l := range strings.Split(string(doc), "\n") {
+		if h, ok := strings.CutPrefix(l, "## "); ok {
+			sections[h] = true
+		}
+	}
+	const base = "https://github.com/meshlet/meshlet/blob/main/docs/runbooks.md#"
+	alerts := map[string]bool{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts[r.Alert] = true
+			// GitHub's anchor of a heading "## MeshletPeerDown" is its lower case.
+			if want := base + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+				t.Errorf("%s: runbook_url %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
+			}
+			if !sections[r.Alert] {
+				t.Errorf("%s: no section \"## %s\" in docs/runbooks.md", r.Alert, r.Alert)
+			}
+		}
+	}
+	for h := range sections {
+		if !alerts[h] {
+			t.Errorf("docs/runbooks.md has a section %q for no alert", h)
+		}
+	}
+}
+
+// TestDashboardQueries: every panel of the Grafana dashboard has queries,
+// on the dashboard's data source variable, and each is valid PromQL
+// (promtool checks them as recording rules). That they return data on a
+// real mesh is TestAlertsOnPrometheus's part (make e2e).
+func TestDashboardQueries(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		apiserver.SkipOrFail(t, "promtool not installed (apt-get install prometheus): %v", err)
+	}
+	qs, err := harness.DashboardQueries("monitoring/dashboard.json", map[string]string{"node": ".*", "__rate_interval": "5m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type       string         `json:"type"`
+			Title      string         `json:"title"`
+			Datasource map[string]any `json:"datasource"`
+		} `json:"panels"`
+	}
+	b, err := os.ReadFile("monitoring/dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID != "meshlet" {
+		t.Errorf("uid %q, want meshlet (stable links)", d.UID)
+	}
+	for _, p := range d.Panels {
+		if p.Type != "row" && p.Datasource["uid"] != "${datasource}" {
+			t.Errorf("panel %q: data source %v, want the ${datasource} variable", p.Title, p.Datasource)
+		}
+	}
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for i, q := range qs {
+		e, _ := json.Marshal(q.Expr)
+		fmt.Fprintf(&rules, "      - record: dashboard_query_%d\n        expr: %s\n", i, e)
+	}
+	f := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(f, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Errorf("dashboard queries do not parse: %v\n%s\n%s", err, out, rules.String())
+	}
+	t.Logf("%d queries in %d panels", len(qs), len(d.Panels))
+}
+
 func TestPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -181,8 +287,8 @@ func TestPromtool(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"check", "rules", "rules.yaml"},
-		// Includes: never-handshaken peers and idle peers without keepalive
-		// do not fire; a keepalive peer with a stale handshake does.
+		// Every alert fires and does not fire; among them a keepalive-250
+		// peer (handshake age past 210 s) and an idle peer never fire.
 		{"test", "rules", "rules_test.yaml"},
 	} {
 		cmd := exec.Command(promtool, args...)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
 
 // Config is the agent's configuration.
@@ -40,7 +41,7 @@ type Config struct {
 	ResyncPeriod  time.Duration
 	Listen        string
 	WireGuardMode string // kernel | userspace | auto
-	MetricsCompat string // "" | wireguard-exporter
+	MetricsCompat string // "", or a comma list of wireguard-exporter and kilo
 	// ClusterMeshStatus: compete for the Lease and write ClusterMesh status.
 	ClusterMeshStatus bool
 	KeyFile           string
@@ -103,7 +104,7 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
 	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz, /readyz and /status")
 	fs.StringVar(&c.WireGuardMode, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
-	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
+	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export other exporters' series: "" or a comma-separated list of wireguard-exporter (prometheus_wireguard_exporter) and kilo (kg's kilo_*)`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster, elected with a Lease; never over another manager's status)")
@@ -187,10 +188,8 @@ func (c *Config) Validate() error {
 	default:
 		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuardMode)
 	}
-	switch c.MetricsCompat {
-	case "", "wireguard-exporter":
-	default:
-		bad("metrics-compat", `%q must be "" or wireguard-exporter`, c.MetricsCompat)
+	if _, err := metrics.ParseCompat(c.MetricsCompat); err != nil {
+		bad("metrics-compat", `%v: must be "" or a comma-separated list of wireguard-exporter and kilo`, err)
 	}
 	switch c.LogLevel {
 	case "", "debug", "info", "warn", "error":

@@ -27,6 +27,7 @@ type Agent struct {
 	RemoteClusterReady *prometheus.GaugeVec
 	RemoteClusterNodes *prometheus.GaugeVec
 	Rejections         *prometheus.CounterVec
+	RejectionsActive   *prometheus.GaugeVec
 	AnnotationPatches  prometheus.Counter
 	DataPlaneChanges   *prometheus.CounterVec
 }
@@ -52,13 +53,20 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 			Help: "Nodes known in the remote cluster."}, []string{"cluster"}),
 		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_rejections_total",
 			Help: "Inputs rejected (each counted once until it is fixed), by reason."}, []string{"reason"}),
+		RejectionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_rejections_active",
+			Help: "Rejections in force in the current plan (reported: Event written or due), by reason and kind of object (Node, Peer, ClusterMesh)."}, []string{"reason", "kind"}),
 		AnnotationPatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshlet_annotation_patches_total",
 			Help: "Patches of this node's Kilo annotations."}),
 		DataPlaneChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_dataplane_changes_total",
 			Help: "Changes applied to the data plane, by kind of object (peer, route, rule, address, iptables, link)."}, []string{"object"}),
 	}
+	// Both results exist from the start at 0, so the first error is an
+	// increase that rate() sees (a series born at 1 shows none).
+	for _, r := range []string{"success", "error"} {
+		a.Reconciles.WithLabelValues(r)
+	}
 	reg.MustRegister(a.Leader, a.Peers, a.Reconciles, a.ReconcileDuration, a.Convergence, a.RemoteClusterReady,
-		a.RemoteClusterNodes, a.Rejections, a.AnnotationPatches, a.DataPlaneChanges)
+		a.RemoteClusterNodes, a.Rejections, a.RejectionsActive, a.AnnotationPatches, a.DataPlaneChanges)
 	return a
 }
 

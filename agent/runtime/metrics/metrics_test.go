@@ -174,4 +174,15 @@ func TestAgentMetricsRegister(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg); err != nil || n < 2 {
 		t.Fatalf("gathered %d series: %v", n, err)
 	}
+	// Both results are there before the first run, so the first error is
+	// an increase for rate() (the reconcile-error alert).
+	want := `
+# HELP meshlet_reconciles_total Reconcile runs by result (success, error).
+# TYPE meshlet_reconciles_total counter
+meshlet_reconciles_total{result="error"} 0
+meshlet_reconciles_total{result="success"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meshlet_reconciles_total"); err != nil {
+		t.Error(err)
+	}
 }

@@ -95,7 +95,11 @@ func New(o Options) (*Agent, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	am := metrics.NewAgent(o.Registry)
-	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, o.Config.MetricsCompat == "wireguard-exporter", nil)
+	compat, err := metrics.ParseCompat(o.Config.MetricsCompat)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-compat: %w", err)
+	}
+	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, compat.WireGuardExporter, nil)
 	o.Registry.MustRegister(collector)
 
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
@@ -122,7 +126,22 @@ func New(o Options) (*Agent, error) {
 		loop.MeshStatus = ms
 	}
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
+	if compat.Kilo {
+		kilo := metrics.NewKilo(am)
+		o.Registry.MustRegister(kilo)
+		loop.Rejections = plans{loop.Rejections, kilo}
+	}
 	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}, nil
+}
+
+// plans hands every plan the loop reports to each of its sinks: the
+// rejection sink, and with --metrics-compat=kilo the kilo_* series.
+type plans []reconcile.RejectionSink
+
+func (ps plans) Report(ctx context.Context, plan topology.Plan) {
+	for _, p := range ps {
+		p.Report(ctx, plan)
+	}
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
