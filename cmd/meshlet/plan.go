@@ -131,6 +131,9 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 	if snap.Now, err = planTime(f.now, snap.Nodes); err != nil {
 		return usage(err)
 	}
+	for i := range snap.Remotes {
+		snap.Remotes[i].HeardOnce(snap.Now)
+	}
 	self, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, c.Flags().Changed("port"), f.iface, f.cilium, f.tunnel)
 	if err != nil {
 		return err

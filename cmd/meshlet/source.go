@@ -94,6 +94,9 @@ func snapshot(local cluster.Cluster, remotes map[string]cluster.Cluster, setting
 	if snap.Now.IsZero() {
 		snap.Now, _ = planTime("", snap.Nodes)
 	}
+	for i := range snap.Remotes {
+		snap.Remotes[i].HeardOnce(snap.Now)
+	}
 	return snap
 }
 

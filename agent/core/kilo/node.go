@@ -67,7 +67,11 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	}
 	n.LocationAnnotation = a[topology.AnnotationLocation]
 	n.MeshletVersion = a[topology.AnnotationVersion]
-	_, n.Leader = a[topology.AnnotationLeader]
+	var leader string
+	leader, n.Leader = a[topology.AnnotationLeader]
+	n.LeaderMark = n.Leader && leader == topology.LeaderLeaseValue
+	n.Tunnels = a[topology.AnnotationTunnels]
+	n.Degraded = a[topology.AnnotationDegraded]
 
 	n.ExternalIPs = externalIPs(node, reject)
 	convertEndpoints(n, a, reject)
@@ -232,7 +236,12 @@ func NodeAnnotations(n topology.Node) map[string]string {
 	set(topology.AnnotationLocation, n.LocationAnnotation)
 	if n.Leader {
 		a[topology.AnnotationLeader] = ""
+		if n.LeaderMark {
+			a[topology.AnnotationLeader] = topology.LeaderLeaseValue
+		}
 	}
+	set(topology.AnnotationTunnels, n.Tunnels)
+	set(topology.AnnotationDegraded, n.Degraded)
 	set(topology.AnnotationEndpoint, n.Endpoint)
 	set(topology.AnnotationForceEndpoint, n.ForceEndpoint)
 	set(topology.AnnotationClusterMeshEndpoint, n.ClusterMeshEndpoint)

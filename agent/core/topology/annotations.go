@@ -40,6 +40,25 @@ const (
 	// AnnotationVersion marks a node run by meshlet (its version); a node
 	// without it is run by kg (docs/kilo-compatibility.md#mixed).
 	AnnotationVersion = "meshlet.io/version"
+	// AnnotationTunnels: a leader's probes of its tunnels (TunnelsUp,
+	// TunnelsDown), so other leaders can tell a cut-off leader from a
+	// broken mesh (docs/failover.md#health).
+	AnnotationTunnels = "meshlet.io/tunnels"
+	// AnnotationDegraded: why a node may not lead now (a Reason*), "" when
+	// it may.
+	AnnotationDegraded = "meshlet.io/degraded"
+
+	// LeaderLeaseValue is the value of the leader annotation meshlet writes
+	// on the holder of a location's Lease; Kilo looks only at the
+	// annotation's presence, so kg and kgctl follow it, and any other value
+	// is a user's, which meshlet never touches (docs/failover.md#marks).
+	LeaderLeaseValue = "meshlet.io/lease"
+)
+
+// Values of meshlet.io/tunnels.
+const (
+	TunnelsUp   = "up"   // at least one probed tunnel answers
+	TunnelsDown = "down" // every probed tunnel is dead
 )
 
 // DiscoveredEndpoint is one value of the discovered-endpoints annotation; the

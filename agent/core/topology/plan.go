@@ -70,6 +70,8 @@ type planner struct {
 	localPrefix *prefixSet     // prefixes the local cluster owns
 	usedKeys    map[Key]string // WireGuard peer keys already in the plan
 	remotes     []*remote
+	// probeTargets are the tunnels this leader's health probes watch.
+	probeTargets []ProbeTarget
 
 	plan Plan
 }
@@ -134,10 +136,13 @@ func (p *planner) decideSelf() {
 
 func (p *planner) build() {
 	p.buildSegments()
+	h := p.judgeHealth()
+	p.leadership(h)
 	p.publishAnnotations()
 	if p.selfSegment == nil {
 		// This node is not (yet) part of the mesh, e.g. it has no pod CIDR:
 		// it publishes its annotations and waits.
+		p.publishHealth(h)
 		return
 	}
 	p.plan.Leader = p.selfSegment.leaderNode().Name == p.self.Name
@@ -158,6 +163,7 @@ func (p *planner) build() {
 	p.plan.WireGuard.Peers = append(p.plan.WireGuard.Peers, p.preserved(p.preserve)...)
 	p.routes()
 	p.nat()
+	p.publishHealth(h)
 }
 
 // location is the node's location name: the annotation, else the topology
@@ -620,7 +626,9 @@ func (p *planner) segmentPeers() {
 		if ka > 0 {
 			wp.KeepaliveSource = KeepaliveNodeAnnotation
 		}
-		p.addPeer(ObjectRef{Kind: "Node", Name: l.Name}, wp)
+		if p.addPeer(ObjectRef{Kind: "Node", Name: l.Name}, wp) {
+			p.probe(wp, s.wgIP)
+		}
 	}
 }
 
@@ -839,7 +847,34 @@ func NextReadinessChange(snap Snapshot) time.Time {
 	}
 	consider(snap.Nodes)
 	for _, r := range snap.Remotes {
-		consider(r.Nodes)
+		if !r.ObservedAt.IsZero() {
+			continue // frozen while its API is unreachable
+		}
+		newest := newestLastSeen(r.Nodes)
+		for i := range r.Nodes {
+			n := &r.Nodes[i]
+			if n.Heard.IsZero() || n.LastSeen.IsZero() {
+				continue
+			}
+			// RemoteAge grows with the time since Heard only.
+			if RemoteAge(n, newest, snap.Now) < readyWindow {
+				if t := n.Heard.Add(readyWindow); next.IsZero() || t.Before(next) {
+					next = t
+				}
+			}
+		}
+		consider(withoutHeard(r.Nodes))
 	}
 	return next
+}
+
+// withoutHeard are the nodes judged by their last-seen alone.
+func withoutHeard(ns []Node) []Node {
+	var out []Node
+	for _, n := range ns {
+		if n.Heard.IsZero() {
+			out = append(out, n)
+		}
+	}
+	return out
 }

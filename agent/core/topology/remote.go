@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"time"
 )
 
 // remote is one remote cluster this node routes to.
@@ -121,9 +122,10 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) ([]string, []Segment
 			p.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
 			continue
 		}
-		if p.addPeer(ref, p.remoteLeaderPeer(r, rc, g, first)) {
+		if wp := p.remoteLeaderPeer(r, rc, g, first); p.addPeer(ref, wp) {
 			names = append(names, l.Name)
 			first = false
+			p.probe(wp, l.WireGuardIP.Addr())
 		}
 	}
 	return names, segs
@@ -145,11 +147,13 @@ func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 	}
 	bySeg := map[string][]*Node{}
 	var keys []string
+	newest := newestLastSeen(rc.Nodes)
 	for _, n := range sortedNodes(rc.Nodes) {
 		// Kilo's readiness without the endpoint: other clusters reach a
 		// node through the endpoint chain (clustermesh-endpoint,
-		// force-endpoint, ExternalIP), and a NATed one through none.
-		if n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 || n.LastSeen.IsZero() || now.Sub(n.LastSeen) >= readyWindow {
+		// force-endpoint, ExternalIP), and a NATed one through none. The
+		// age is by the remote cluster's own clock (RemoteAge).
+		if n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 || n.LastSeen.IsZero() || RemoteAge(n, newest, now) >= readyWindow {
 			continue
 		}
 		k := remoteSegmentKey(n, p.set)
@@ -343,4 +347,44 @@ func remoteEndpoint(n *Node, port int) (string, string) {
 		return n.Endpoint, "annotation"
 	}
 	return "", ""
+}
+
+// RemoteAge is how old a remote node's last-seen is, by the remote
+// cluster's own clock (docs/clustermesh.md#liveness), so a cluster whose
+// clocks disagree with this one's stays in the mesh while a node that
+// really stopped drops out after Kilo's window: the time since this agent
+// saw the node's last-seen change (Heard, on this agent's clock), and for a
+// node not seen changing yet, at least how far its last-seen is behind the
+// newest of its cluster. Without Heard (a file read by meshlet plan, a
+// test) it is last-seen against now, Kilo's rule. now is the snapshot's
+// time, or the frozen time of an unreachable remote API.
+func RemoteAge(n *Node, newest, now time.Time) time.Duration {
+	if n.Heard.IsZero() {
+		return now.Sub(n.LastSeen)
+	}
+	age := now.Sub(n.Heard)
+	if !n.HeardChange {
+		age = max(age, newest.Sub(n.LastSeen))
+	}
+	return age
+}
+
+// HeardOnce records every node of the cluster as first seen at t, for a
+// cluster read once (a dump, a live read by meshlet diagnose): as right
+// after an agent's first list, each node is judged against its cluster's
+// newest last-seen, not against this cluster's clock.
+func (rc *RemoteCluster) HeardOnce(t time.Time) {
+	for i := range rc.Nodes {
+		rc.Nodes[i].Heard, rc.Nodes[i].HeardChange = t, false
+	}
+}
+
+func newestLastSeen(ns []Node) time.Time {
+	var t time.Time
+	for i := range ns {
+		if ns[i].LastSeen.After(t) {
+			t = ns[i].LastSeen
+		}
+	}
+	return t
 }

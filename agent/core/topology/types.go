@@ -86,6 +86,11 @@ type Settings struct {
 	// InternalCIDRs, when set, limit the discovery of the private IP to
 	// addresses inside them (kg's --internal-cidr).
 	InternalCIDRs []netip.Prefix
+	// HealthProbes: leaders probe the other leaders through the tunnel and
+	// nodes of Lease-governed locations their underlay gateway
+	// (docs/failover.md#health); the plan lists what to probe and this
+	// node publishes what its probes found.
+	HealthProbes bool
 }
 
 // Self is what the agent observed on this node (no Kubernetes object holds
@@ -113,6 +118,11 @@ type Self struct {
 	TunnelDevice string
 	// Device is the WireGuard device's peers as read.
 	Device []DevicePeer
+	// DefaultGateway is the gateway of the IPv4 default route (invalid =
+	// none or on-link).
+	DefaultGateway netip.Addr
+	// Health is what this node's probes observed (nil = not probed).
+	Health *Health
 }
 
 // Node is one Kubernetes node as the planner needs it, already parsed from
@@ -141,6 +151,22 @@ type Node struct {
 	DiscoveredEndpoints map[Key]netip.AddrPort
 	Granularity         Granularity
 	CNICompatibilityIP  netip.Prefix // cilium_host IP, zero = none
+	// LeaderMark: the leader annotation is meshlet's own (value
+	// LeaderLeaseValue), written by the holder of the location's Lease; any
+	// other value is the user's (docs/failover.md#marks).
+	LeaderMark bool
+	// Tunnels is meshlet.io/tunnels: what a meshlet leader's probes found
+	// of its tunnels to the other leaders (TunnelsUp, TunnelsDown, "").
+	Tunnels string
+	// Degraded is meshlet.io/degraded: why the node may not lead now ("" =
+	// it may).
+	Degraded string
+	// Heard is when this agent last saw the node's last-seen change, on
+	// this agent's clock; HeardChange is false while it has only seen the
+	// first value (remote nodes only: zero = judge last-seen against the
+	// snapshot's time; docs/clustermesh.md#liveness).
+	Heard       time.Time
+	HeardChange bool
 	// Ready is the node's kubelet Ready condition (true when unknown). Kilo's
 	// topology ignores it (readiness is annotations + last-seen), so the
 	// planner does too, to agree with kg nodes; it is kept for display.
@@ -218,6 +244,10 @@ type Snapshot struct {
 	// Rejections found while turning objects into this snapshot; the planner
 	// passes them through so the plan lists every rejection.
 	Rejections []Rejection
+	// Lease is this agent's view of its location's Lease; nil = no Lease
+	// information (meshlet plan): Kilo's rule alone, no Leadership in the
+	// plan.
+	Lease *LeaseState
 }
 
 // PeerKind tells where a WireGuard peer comes from.
@@ -408,6 +438,11 @@ type Plan struct {
 	Segments []SegmentInfo `json:"segments"`
 	// Remotes lists the remote clusters this node routes to.
 	Remotes []RemoteInfo `json:"remotes,omitempty"`
+	// Leadership is this node's part in its location's Lease; nil without
+	// Lease information (docs/failover.md).
+	Leadership *Leadership `json:"leadership,omitempty"`
+	// Probes are what this node's health probes watch (Settings.HealthProbes).
+	Probes *Probes `json:"probes,omitempty"`
 }
 
 // SegmentInfo is one segment of the local cluster's topology.
