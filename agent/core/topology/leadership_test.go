@@ -194,13 +194,13 @@ func TestLeadership(t *testing.T) {
 			name: "a gateway that never answered is not judged",
 			self: "x-1", nodes: func() []Node { ns := failoverSite(); mark(ns, "x-1"); return ns }, lease: held("x-1", 0),
 			health: &Health{Gateway: GatewayProbe{Addr: addr("10.0.1.254"), Since: now.Add(-time.Hour)}},
-			want: want{leader: true, leaderOfX: "x-1", governed: true, candidate: true, hold: true, claim: true, candidates: []string{"x-1", "x-2", "x-3"}},
+			want:   want{leader: true, leaderOfX: "x-1", governed: true, candidate: true, hold: true, claim: true, candidates: []string{"x-1", "x-2", "x-3"}},
 		},
 		{
 			name: "a gateway answering again not long enough: the leader stays, a non-leader is no candidate",
 			self: "x-2", nodes: func() []Node { ns := failoverSite(); mark(ns, "x-1"); return ns }, lease: held("x-1", 0),
 			health: &Health{Gateway: GatewayProbe{Addr: addr("10.0.1.254"), Since: now.Add(-time.Hour), Answered: now, Recovered: now.Add(-10 * time.Second)}},
-			want: want{leaderOfX: "x-1", governed: true, degr: ReasonGatewayUnreachable, candidates: []string{"x-1", "x-3"}},
+			want:   want{leaderOfX: "x-1", governed: true, degr: ReasonGatewayUnreachable, candidates: []string{"x-1", "x-3"}},
 		},
 		{
 			name: "another node says it is degraded: skipped in the order",
@@ -302,8 +302,8 @@ func TestHealthPublishedAndProbes(t *testing.T) {
 
 func TestLeaseName(t *testing.T) {
 	for loc, want := range map[string]string{
-		"x":         "meshlet-leader-x",
-		"eu-west-1": "meshlet-leader-eu-west-1",
+		"x":                "meshlet-leader-x",
+		"eu-west-1":        "meshlet-leader-eu-west-1",
 		"Frankfurt Rack/2": "meshlet-leader-frankfurt-rack-2-" + LeaseName("Frankfurt Rack/2")[len(LeaseName("Frankfurt Rack/2"))-12:],
 	} {
 		if got := LeaseName(loc); got != want {
