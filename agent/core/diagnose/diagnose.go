@@ -78,7 +78,7 @@ type AgentPeer struct {
 }
 
 const (
-	skewWarn  = 5 * time.Second
+	skewWarn  = topology.ClockSkewWarn
 	skewError = 30 * time.Second
 )
 

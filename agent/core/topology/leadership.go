@@ -111,6 +111,32 @@ type TunnelProbe struct {
 	Since, Answered time.Time
 }
 
+// States of a probed tunnel (TunnelState).
+const (
+	TunnelAlive = "alive" // answered within ProbeDeadAfter
+	TunnelDead  = "dead"  // nothing for ProbeDeadAfter
+	TunnelNew   = "new"   // probed for less than that, no answer yet
+)
+
+// last is the tunnel's last answer, or when probing began.
+func (t TunnelProbe) last() time.Time {
+	if t.Answered.After(t.Since) {
+		return t.Answered
+	}
+	return t.Since
+}
+
+// TunnelState is the rule for one probed tunnel at now.
+func TunnelState(t TunnelProbe, now time.Time) string {
+	switch {
+	case !t.Answered.IsZero() && now.Sub(t.Answered) < ProbeDeadAfter:
+		return TunnelAlive
+	case now.Sub(t.last()) >= ProbeDeadAfter:
+		return TunnelDead
+	}
+	return TunnelNew
+}
+
 // GatewayProbe is the underlay gateway's probe: Answered is its last
 // answer (zero = it never answered: not judged, as a gateway that drops
 // pings), Recovered when it answered again after being unreachable.
@@ -199,6 +225,10 @@ func LeaseName(location string) string {
 	return prefix + s + hex.EncodeToString(sum[:6])
 }
 
+// NodeLocation is a node's location: its location annotation, else its
+// topology label (Kilo's rule).
+func NodeLocation(n Node, set Settings) string { return n.location(withDefaults(set)) }
+
 // Governance says whether the leader of a segment (its Ready nodes) is
 // chosen with a Lease, and why (docs/failover.md#governed): only where
 // every node runs meshlet (kg cannot follow a Lease) and no user set a
@@ -283,20 +313,16 @@ func (p *planner) judgeHealth() health {
 	var lastAnswer time.Time
 	reachesOthers := false
 	for _, t := range hp.Peers {
-		ref := t.Since
-		if t.Answered.After(ref) {
-			ref = t.Answered
-		}
-		switch {
-		case !t.Answered.IsZero() && now.Sub(t.Answered) < ProbeDeadAfter:
+		switch TunnelState(t, now) {
+		case TunnelAlive:
 			alive++
-		case now.Sub(ref) >= ProbeDeadAfter:
+		case TunnelDead:
 			dead++
 			if p.tunnelsOf(t.PublicKey) == TunnelsUp {
 				reachesOthers = true
 			}
 		}
-		if ref.After(lastAnswer) {
+		if ref := t.last(); ref.After(lastAnswer) {
 			lastAnswer = ref
 		}
 	}
@@ -362,6 +388,11 @@ func (p *planner) leadership(h health) {
 	l.Lease = LeaseName(l.Location)
 	if seg.key != locationPrefix+l.Location {
 		l.Lease = ""
+	}
+	if lease.Name != l.Lease {
+		// The agent watches another Lease (this node's location just
+		// changed): nothing is known of this one yet.
+		lease = &LeaseState{Name: l.Lease, Exists: true}
 	}
 	nodes := make([]Node, len(seg.nodes))
 	for i, n := range seg.nodes {

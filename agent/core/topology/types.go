@@ -233,6 +233,11 @@ type RemoteCluster struct {
 	ObservedAt time.Time
 }
 
+// ClockSkewWarn is the clock skew between clusters (or of a node's
+// last-seen from its API server) above which meshlet warns (meshlet
+// diagnose, the agent's log).
+const ClockSkewWarn = 5 * time.Second
+
 // Snapshot is everything the planner reads.
 type Snapshot struct {
 	Now      time.Time

@@ -133,3 +133,49 @@ func TestBadPeerEditKeepsLastValidVersion(t *testing.T) {
 		t.Fatalf("peers = %+v", peers)
 	}
 }
+
+func TestRemoteNodeHeardAndClockSkew(t *testing.T) {
+	local := time.Unix(1_800_000_000, 0)
+	behind := -90 * time.Second // the remote cluster's clock
+	mk := func(name string, lastSeen time.Time) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
+			topology.AnnotationLastSeen: fmt.Sprint(lastSeen.Unix())}}}
+	}
+	o := newObjects("b")
+	steps := []struct {
+		name        string
+		node        string
+		at          time.Duration // local clock, from local
+		lastSeen    time.Duration // remote clock, from local+behind
+		heard       time.Duration
+		heardChange bool
+	}{
+		{"first sighting", "n1", 0, -10 * time.Second, 0, false},
+		{"the same value again (a relist)", "n1", 5 * time.Second, -10 * time.Second, 0, false},
+		{"its last-seen changed", "n1", 20 * time.Second, 20 * time.Second, 20 * time.Second, true},
+		{"another node", "n2", 21 * time.Second, 21 * time.Second, 21 * time.Second, false},
+		{"another node changes", "n2", 30 * time.Second, 29 * time.Second, 30 * time.Second, true},
+	}
+	for _, s := range steps {
+		o.setNode(mk(s.node, local.Add(behind+s.lastSeen)), false, local.Add(s.at))
+		n := o.nodes[s.node].Node
+		if !n.Heard.Equal(local.Add(s.heard)) || n.HeardChange != s.heardChange {
+			t.Errorf("%s: heard %v change %v, want %v %v", s.name, n.Heard.Sub(local), n.HeardChange, s.heard, s.heardChange)
+		}
+	}
+	// Samples: n1 −90 s, n2 −91 s (last-seen one second older than when it
+	// arrived): the median of two is the upper one.
+	if d, ok := o.clockSkew(); !ok || d != -90*time.Second {
+		t.Errorf("clock skew %v %v, want -90s", d, ok)
+	}
+	o.setNode(mk("n1", local), true, local)
+	if d, _ := o.clockSkew(); d != -91*time.Second {
+		t.Errorf("clock skew after n1 left: %v", d)
+	}
+	// The local cluster records nothing of the kind.
+	l := newObjects("")
+	l.setNode(mk("x", local), false, local)
+	if !l.nodes["x"].Node.Heard.IsZero() {
+		t.Error("local node has Heard set")
+	}
+}

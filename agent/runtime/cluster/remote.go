@@ -116,6 +116,7 @@ func (rs *Remotes) forgetMetrics(name string) {
 	if rs.Metrics != nil {
 		rs.Metrics.RemoteClusterReady.DeleteLabelValues(name)
 		rs.Metrics.RemoteClusterNodes.DeleteLabelValues(name)
+		rs.Metrics.RemoteClusterClockSkew.DeleteLabelValues(name)
 	}
 }
 
@@ -167,6 +168,7 @@ type remote struct {
 	lastReady  time.Time // last time the API answered
 	connectErr error
 	lastErr    error // the last watch or probe failure, until the API answers again
+	skewWarned bool  // the clock skew warning is in force
 }
 
 // RemoteStatus is one remote cluster's watcher as `meshlet status` and the
@@ -179,6 +181,10 @@ type RemoteStatus struct {
 	Peers   int       `json:"peers"`
 	Seen    time.Time `json:"lastReady,omitzero"` // last time its API answered
 	Error   string    `json:"error,omitempty"`
+	// ClockSkew is how far the cluster's clock (its nodes' last-seen) is
+	// ahead of this agent's, ±1 s; absent before a last-seen change was
+	// heard.
+	ClockSkew *time.Duration `json:"clockSkew,omitempty"`
 }
 
 // Status returns every watched remote cluster's state, sorted by name
@@ -189,6 +195,9 @@ func (rs *Remotes) Status() []RemoteStatus {
 	for _, w := range ws {
 		w.mu.Lock()
 		st := RemoteStatus{Cluster: w.name, Synced: w.synced, Ready: w.ready, Nodes: len(w.objs.nodes), Peers: len(w.objs.peers), Seen: w.lastReady}
+		if d, ok := w.objs.clockSkew(); ok {
+			st.ClockSkew = &d
+		}
 		switch {
 		case w.connectErr != nil:
 			st.Error = "kubeconfig unusable: " + w.connectErr.Error()
@@ -304,6 +313,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 // previous connection was down or being replaced).
 func (w *remote) prune(nodes cache.Store, peerInf cache.SharedIndexInformer) {
 	retain(w.objs.nodes, nodes.ListKeys())
+	retain(w.objs.skews, nodes.ListKeys())
 	if peerInf.HasSynced() {
 		retain(w.objs.peers, peerInf.GetStore().ListKeys())
 	}
@@ -337,6 +347,33 @@ func (w *remote) probe(ctx context.Context, client kubernetes.Interface) {
 		}
 		w.mu.Unlock()
 		w.setReady(err == nil && synced)
+		w.reportSkew()
+	}
+}
+
+// reportSkew exports the cluster's clock skew and warns while it is larger
+// than meshlet diagnose allows (topology.ClockSkewWarn): the mesh does not
+// depend on it (remote liveness is judged by the remote clock), but a
+// cluster whose clocks are off breaks other things.
+func (w *remote) reportSkew() {
+	w.mu.Lock()
+	d, ok := w.objs.clockSkew()
+	warn := ok && (d > topology.ClockSkewWarn || d < -topology.ClockSkewWarn)
+	changed := warn != w.skewWarned
+	w.skewWarned = warn
+	w.mu.Unlock()
+	if !ok {
+		return
+	}
+	if m := w.rs.Metrics; m != nil {
+		m.RemoteClusterClockSkew.WithLabelValues(w.name).Set(d.Seconds())
+	}
+	switch {
+	case changed && warn:
+		w.rs.log().Warn("remote cluster's clock is off this node's: its liveness is judged by its own clock, but run NTP on both clusters",
+			"cluster", w.name, "skew", d.Round(time.Second).String())
+	case changed:
+		w.rs.log().Info("remote cluster's clock agrees with this node's again", "cluster", w.name, "skew", d.Round(time.Second).String())
 	}
 }
 

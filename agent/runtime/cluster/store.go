@@ -18,6 +18,10 @@ type objects struct {
 	cluster string // "" = local
 	nodes   map[string]kilo.NodeResult
 	peers   map[string]convertedPeer
+	// skews holds, per remote node, its last-seen minus the time this
+	// agent saw it change (the remote clock's offset from this one, less
+	// the watch's delay and last-seen's rounding down to the second).
+	skews map[string]time.Duration
 }
 
 type convertedPeer struct {
@@ -27,7 +31,7 @@ type convertedPeer struct {
 }
 
 func newObjects(cluster string) objects {
-	return objects{cluster: cluster, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}}
+	return objects{cluster: cluster, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}, skews: map[string]time.Duration{}}
 }
 
 // setNode stores a Node and reports whether the planner could see a
@@ -36,20 +40,55 @@ func newObjects(cluster string) objects {
 // loop. A last-seen that was old enough for the node to have dropped out of
 // the mesh does wake it (the node is back); a node going stale is noticed by
 // the loop's MinRunInterval (agent/runtime/runner).
+//
+// A remote node also records when this agent heard its last-seen change
+// (topology.Node.Heard), by which the planner judges it with the remote
+// cluster's own clock (docs/clustermesh.md#liveness).
 func (o *objects) setNode(n *corev1.Node, deleted bool, now time.Time) bool {
 	if deleted {
 		delete(o.nodes, n.Name)
+		delete(o.skews, n.Name)
 		return true
 	}
 	r := kilo.ConvertNode(n, o.cluster)
 	old, ok := o.nodes[n.Name]
+	last := old.Node.LastSeen
+	if o.cluster != "" {
+		switch {
+		case !ok:
+			r.Node.Heard = now
+		case !r.Node.LastSeen.Equal(old.Node.LastSeen):
+			r.Node.Heard, r.Node.HeardChange = now, true
+			o.skews[n.Name] = r.Node.LastSeen.Sub(now)
+		default:
+			r.Node.Heard, r.Node.HeardChange = old.Node.Heard, old.Node.HeardChange
+		}
+		last = old.Node.Heard
+	}
 	o.nodes[n.Name] = r
-	if !ok || now.Sub(old.Node.LastSeen) > staleAfter {
+	if !ok || now.Sub(last) > staleAfter {
 		return true
 	}
 	a, b := old, r
 	a.Node.LastSeen, b.Node.LastSeen = time.Time{}, time.Time{}
+	a.Node.Heard, b.Node.Heard = time.Time{}, time.Time{}
+	a.Node.HeardChange, b.Node.HeardChange = false, false
 	return !reflect.DeepEqual(a, b)
+}
+
+// clockSkew is the remote cluster's clock minus this agent's, as the
+// median of its nodes' latest samples (robust to a few nodes with wrong
+// clocks); false before any last-seen change was heard.
+func (o *objects) clockSkew() (time.Duration, bool) {
+	if len(o.skews) == 0 {
+		return 0, false
+	}
+	s := make([]time.Duration, 0, len(o.skews))
+	for _, d := range o.skews {
+		s = append(s, d)
+	}
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2], true
 }
 
 // staleAfter is a little under Kilo's 60 s readiness window.

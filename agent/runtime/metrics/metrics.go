@@ -26,10 +26,12 @@ type Agent struct {
 	Convergence        prometheus.Histogram
 	RemoteClusterReady *prometheus.GaugeVec
 	RemoteClusterNodes *prometheus.GaugeVec
-	Rejections         *prometheus.CounterVec
-	RejectionsActive   *prometheus.GaugeVec
-	AnnotationPatches  prometheus.Counter
-	DataPlaneChanges   *prometheus.CounterVec
+	// RemoteClusterClockSkew: the remote cluster's clock minus this node's.
+	RemoteClusterClockSkew *prometheus.GaugeVec
+	Rejections             *prometheus.CounterVec
+	RejectionsActive       *prometheus.GaugeVec
+	AnnotationPatches      prometheus.Counter
+	DataPlaneChanges       *prometheus.CounterVec
 }
 
 // NewAgent creates the agent metrics and registers them.
@@ -51,6 +53,8 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 			Help: "1 when the remote cluster's API is reachable and its watch is synced."}, []string{"cluster"}),
 		RemoteClusterNodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_remote_cluster_nodes",
 			Help: "Nodes known in the remote cluster."}, []string{"cluster"}),
+		RemoteClusterClockSkew: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_remote_cluster_clock_skew_seconds",
+			Help: "How far the remote cluster's clock is ahead of this node's (negative: behind), from when its nodes' last-seen changes arrive (±1 s); liveness of remote nodes is judged by the remote clock."}, []string{"cluster"}),
 		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_rejections_total",
 			Help: "Inputs rejected (each counted once until it is fixed), by reason."}, []string{"reason"}),
 		RejectionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_rejections_active",
@@ -66,7 +70,7 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 		a.Reconciles.WithLabelValues(r)
 	}
 	reg.MustRegister(a.Leader, a.Peers, a.Reconciles, a.ReconcileDuration, a.Convergence, a.RemoteClusterReady,
-		a.RemoteClusterNodes, a.Rejections, a.RejectionsActive, a.AnnotationPatches, a.DataPlaneChanges)
+		a.RemoteClusterNodes, a.RemoteClusterClockSkew, a.Rejections, a.RejectionsActive, a.AnnotationPatches, a.DataPlaneChanges)
 	return a
 }
 

@@ -72,13 +72,17 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 	if err != nil {
 		return topology.Self{}, fmt.Errorf("looking for the tunnel device: %w", err)
 	}
+	gw, err := f.Host.DefaultGateway()
+	if err != nil {
+		return topology.Self{}, err
+	}
 	st, err := f.WireGuard.Stats(ctx)
 	if err != nil {
 		return topology.Self{}, fmt.Errorf("reading the WireGuard device: %w", err)
 	}
 	self := topology.Self{
 		PublicKey: topology.Key(f.WireGuard.PublicKey()), Version: f.Version, HostnameAddrs: f.HostnameAddrs,
-		DefaultInterface: iface, DefaultMTU: mtu, CiliumHostIP: f.Host.InterfaceIPv4("cilium_host"), TunnelDevice: tunnel,
+		DefaultInterface: iface, DefaultMTU: mtu, DefaultGateway: gw, CiliumHostIP: f.Host.InterfaceIPv4("cilium_host"), TunnelDevice: tunnel,
 		Addresses: make([]topology.HostAddress, len(addrs)), Device: make([]topology.DevicePeer, len(st.Peers)),
 	}
 	for i, a := range addrs {

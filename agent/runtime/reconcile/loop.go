@@ -65,6 +65,14 @@ type MeshStatus interface {
 	Follow(plan topology.Plan)
 }
 
+// Leadership follows the plan's decisions on this node's location Lease
+// and its health probes (agent/runtime/leadership, agent/runtime/health).
+// applied says the run applied and published without error; started is
+// when it began (the history of roles never understates a leader).
+type Leadership interface {
+	Follow(ctx context.Context, plan topology.Plan, applied bool, started time.Time) error
+}
+
 // RejectionSink turns a plan's rejections into Events, logs and metrics,
 // once each.
 type RejectionSink interface {
@@ -93,6 +101,7 @@ type Loop struct {
 	Publisher  Publisher
 	Remotes    RemoteWatchers // nil: no remote clusters
 	MeshStatus MeshStatus     // nil: status not written
+	Leadership Leadership     // nil: no Lease, Kilo's rule alone
 	Rejections RejectionSink
 	PeerLabels PeerLabels
 	Metrics    *metrics.Agent
@@ -313,6 +322,11 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	}
 	if l.MeshStatus != nil {
 		l.MeshStatus.Follow(plan)
+	}
+	if l.Leadership != nil {
+		if err := l.Leadership.Follow(ctx, plan, len(errs) == 0, start); err != nil {
+			errs = append(errs, fmt.Errorf("leadership: %w", err))
+		}
 	}
 	if l.Rejections != nil {
 		l.Rejections.Report(ctx, plan)

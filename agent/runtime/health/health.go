@@ -1,0 +1,396 @@
+// Package health probes what a leader needs to be fit to lead
+// (docs/failover.md#health) and reports what it saw; the planner judges
+// it (agent/core/topology). Two probes, both every Interval:
+//
+//   - the tunnels to the other leaders: one ICMP echo from this leader's
+//     WireGuard IP to each peer's WireGuard IP, through kilo0, unless the
+//     peer sent something since the last round. The peer's kernel answers
+//     through the tunnel, so the answer shows as bytes received on that
+//     WireGuard peer: a tunnel answers when its receive counter grows.
+//     Nothing else is read, so kernel and userspace WireGuard look alike,
+//     and no reply needs to be matched.
+//   - the underlay gateway (the default route's): one ICMP echo, and its
+//     reply, so a node cut off from its network is seen as such. A gateway
+//     that never answered is not judged (some drop pings).
+//
+// Probing makes traffic on every tunnel between leaders (a probe a second
+// at most), so WireGuard renews those sessions about every two minutes,
+// as with a persistent keepalive.
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+	"k8s.io/utils/clock"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
+	"github.com/meshlet/meshlet/wg"
+)
+
+// DefaultInterval is how often the probes run.
+const DefaultInterval = time.Second
+
+// Prober runs the probes the last plan asked for.
+type Prober struct {
+	// Stats reads the WireGuard device's counters.
+	Stats func(ctx context.Context) (wg.DeviceStats, error)
+	// Echo sends one ICMP echo request from src to dst and returns at once
+	// (nil: ICMP through the host's raw socket).
+	Echo func(ctx context.Context, src, dst netip.Addr) error
+	// Ping sends one echo to dst and reports whether it answered within
+	// timeout (nil: ICMP through the host's raw socket).
+	Ping     func(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error)
+	Interval time.Duration
+	// Notify wakes the reconcile loop when what the probes saw can change
+	// the plan.
+	Notify  func(seen time.Time)
+	Metrics *metrics.Leadership // nil: none
+	Log     *slog.Logger
+	Clock   clock.WithTicker
+
+	mu      sync.Mutex
+	probes  topology.Probes
+	tunnels map[topology.Key]*tunnel
+	gw      topology.GatewayProbe
+	gwDown  bool
+	wake    chan struct{}
+}
+
+type tunnel struct {
+	probe topology.TunnelProbe
+	name  string
+	rx    int64
+	seen  bool // rx is a reading
+	state string
+}
+
+func (p *Prober) clock() clock.WithTicker {
+	if p.Clock == nil {
+		return clock.RealClock{}
+	}
+	return p.Clock
+}
+
+// Follow takes the plan's probes (after every reconcile).
+func (p *Prober) Follow(plan topology.Plan) {
+	now := p.clock().Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var pr topology.Probes
+	if plan.Probes != nil {
+		pr = *plan.Probes
+	}
+	if p.tunnels == nil {
+		p.tunnels = map[topology.Key]*tunnel{}
+	}
+	keep := map[topology.Key]bool{}
+	for _, t := range pr.Peers {
+		keep[t.PublicKey] = true
+	}
+	for k := range p.tunnels {
+		if !keep[k] || pr.Source != p.probes.Source {
+			delete(p.tunnels, k) // a new source is a new set of sessions
+		}
+	}
+	for _, t := range pr.Peers {
+		if _, ok := p.tunnels[t.PublicKey]; !ok {
+			p.tunnels[t.PublicKey] = &tunnel{probe: topology.TunnelProbe{PublicKey: t.PublicKey, Since: now}, name: t.Name}
+		}
+	}
+	if pr.Gateway != p.gw.Addr {
+		p.gw, p.gwDown = topology.GatewayProbe{Addr: pr.Gateway, Since: now}, false
+	}
+	p.probes = pr
+	if p.wake != nil {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Health is what the probes saw, for the planner (nil before any plan
+// asked for probes).
+func (p *Prober) Health() *topology.Health {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.tunnels) == 0 && !p.gw.Addr.IsValid() {
+		return nil
+	}
+	h := &topology.Health{Gateway: p.gw}
+	for _, t := range p.tunnels {
+		h.Peers = append(h.Peers, t.probe)
+	}
+	return h
+}
+
+// Run probes until ctx ends.
+func (p *Prober) Run(ctx context.Context) {
+	if p.Interval <= 0 {
+		p.Interval = DefaultInterval
+	}
+	if p.Echo == nil {
+		p.Echo = echo
+	}
+	if p.Ping == nil {
+		p.Ping = ping
+	}
+	p.mu.Lock()
+	p.wake = make(chan struct{}, 1)
+	p.mu.Unlock()
+	go p.runGateway(ctx)
+	t := p.clock().NewTicker(p.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		case <-p.wake:
+		}
+		if p.round(ctx) {
+			p.notify()
+		}
+	}
+}
+
+func (p *Prober) notify() {
+	if p.Notify != nil {
+		p.Notify(time.Time{})
+	}
+}
+
+// round reads the device's counters, records answers, and probes the
+// tunnels that sent nothing since the last round. It reports whether a
+// tunnel's state changed or a tunnel is dead (the planner then decides
+// again: its rule has timings of its own).
+func (p *Prober) round(ctx context.Context) bool {
+	p.mu.Lock()
+	pr := p.probes
+	n := len(p.tunnels)
+	p.mu.Unlock()
+	if n == 0 || !pr.Source.IsValid() {
+		return false
+	}
+	st, err := p.Stats(ctx)
+	if err != nil {
+		p.log().Debug("health probe: reading the device", "error", err)
+		return false
+	}
+	now := p.clock().Now()
+	rx := make(map[topology.Key]int64, len(st.Peers))
+	for _, s := range st.Peers {
+		rx[topology.Key(s.PublicKey)] = s.ReceiveBytes
+	}
+	var send []netip.Addr
+	wakeLoop := false
+	counts := map[string]int{topology.TunnelAlive: 0, topology.TunnelDead: 0, topology.TunnelNew: 0}
+	p.mu.Lock()
+	addrs := map[topology.Key]netip.Addr{}
+	for _, t := range pr.Peers {
+		addrs[t.PublicKey] = t.Addr
+	}
+	for k, t := range p.tunnels {
+		got, ok := rx[k]
+		if ok && t.seen && got > t.rx {
+			t.probe.Answered = now
+		}
+		if ok {
+			t.rx, t.seen = got, true
+		}
+		if !t.probe.Answered.Equal(now) {
+			if a, ok := addrs[k]; ok {
+				send = append(send, a)
+			}
+		}
+		state := topology.TunnelState(t.probe, now)
+		if state != t.state {
+			if t.state != "" {
+				p.log().Info("tunnel probe", "peer", t.name, "state", state, "previous", t.state)
+			}
+			t.state = state
+			wakeLoop = true
+		}
+		if state == topology.TunnelDead {
+			wakeLoop = true
+		}
+		counts[state]++
+	}
+	p.mu.Unlock()
+	if p.Metrics != nil {
+		for s, v := range counts {
+			p.Metrics.Tunnels.WithLabelValues(s).Set(float64(v))
+		}
+	}
+	for _, a := range send {
+		if err := p.Echo(ctx, pr.Source, a); err != nil && ctx.Err() == nil {
+			p.log().Debug("health probe: sending", "to", a.String(), "error", err)
+		}
+	}
+	return wakeLoop
+}
+
+// runGateway pings the underlay gateway every Interval.
+func (p *Prober) runGateway(ctx context.Context) {
+	t := p.clock().NewTicker(p.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		p.gatewayRound(ctx)
+	}
+}
+
+// gatewayRound pings the gateway once and records the answer.
+func (p *Prober) gatewayRound(ctx context.Context) {
+	p.mu.Lock()
+	gw := p.gw.Addr
+	p.mu.Unlock()
+	if !gw.IsValid() {
+		return
+	}
+	ok, err := p.Ping(ctx, gw, p.Interval*3/4)
+	if err != nil && ctx.Err() == nil {
+		p.log().Debug("health probe: gateway", "gateway", gw.String(), "error", err)
+	}
+	now := p.clock().Now()
+	p.mu.Lock()
+	if p.gw.Addr != gw {
+		p.mu.Unlock()
+		return
+	}
+	changed := false
+	if ok {
+		if p.gwDown {
+			p.gw.Recovered, p.gwDown, changed = now, false, true
+		}
+		p.gw.Answered = now
+	} else if !p.gw.Answered.IsZero() && !p.gwDown && now.Sub(p.gw.Answered) >= topology.GatewayDeadAfter {
+		p.gwDown, changed = true, true
+	}
+	recovering := !p.gw.Recovered.IsZero() && now.Sub(p.gw.Recovered) < topology.GatewayRecoverAfter+p.Interval
+	down := p.gwDown
+	p.mu.Unlock()
+	if changed {
+		p.log().Info("underlay gateway probe", "gateway", gw.String(), "reachable", !down)
+	}
+	if changed || down || recovering {
+		p.notify()
+	}
+}
+
+func (p *Prober) log() *slog.Logger {
+	if p.Log == nil {
+		return slog.Default()
+	}
+	return p.Log
+}
+
+// echo sends one ICMP echo request from src to dst (IPv4: WireGuard IPs
+// are) and returns at once. The raw socket bound to src makes the probe
+// leave from it, so the peer answers through the tunnel. It needs
+// CAP_NET_RAW, which the agent has.
+func echo(ctx context.Context, src, dst netip.Addr) error {
+	if !src.Is4() || !dst.Is4() {
+		return fmt.Errorf("probe %s → %s: IPv4 only", src, dst)
+	}
+	c, err := icmp.ListenPacket("ip4:icmp", src.String())
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", dst, err)
+	}
+	defer c.Close()
+	if err := c.SetWriteDeadline(deadline(ctx, time.Second)); err != nil {
+		return fmt.Errorf("probe %s: %w", dst, err)
+	}
+	msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("meshlet tunnel probe")}}
+	b, err := msg.Marshal(nil)
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", dst, err)
+	}
+	if _, err := c.WriteTo(b, &net.IPAddr{IP: net.IP(dst.AsSlice())}); err != nil {
+		return fmt.Errorf("probe %s: %w", dst, err)
+	}
+	return nil
+}
+
+func deadline(ctx context.Context, d time.Duration) time.Time {
+	dl := time.Now().Add(d)
+	if c, ok := ctx.Deadline(); ok && c.Before(dl) {
+		return c
+	}
+	return dl
+}
+
+var seq struct {
+	sync.Mutex
+	n int
+}
+
+// ping sends one ICMP echo request to dst and waits up to timeout for its
+// reply (matched by identifier, sequence and source).
+func ping(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error) {
+	if !dst.Is4() {
+		return false, fmt.Errorf("ping %s: IPv4 only", dst)
+	}
+	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	if err != nil {
+		return false, fmt.Errorf("ping %s: %w", dst, err)
+	}
+	defer c.Close()
+	seq.Lock()
+	seq.n = (seq.n + 1) & 0xffff
+	n := seq.n
+	seq.Unlock()
+	id := os.Getpid() & 0xffff
+	msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: n, Data: []byte("meshlet gateway probe")}}
+	b, err := msg.Marshal(nil)
+	if err != nil {
+		return false, fmt.Errorf("ping %s: %w", dst, err)
+	}
+	dl := deadline(ctx, timeout)
+	if err := c.SetDeadline(dl); err != nil {
+		return false, fmt.Errorf("ping %s: %w", dst, err)
+	}
+	if _, err := c.WriteTo(b, &net.IPAddr{IP: net.IP(dst.AsSlice())}); err != nil {
+		return false, fmt.Errorf("ping %s: %w", dst, err)
+	}
+	buf := make([]byte, 1500)
+	for {
+		n2, from, err := c.ReadFrom(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return false, nil
+			}
+			return false, fmt.Errorf("ping %s: %w", dst, err)
+		}
+		ip, ok := from.(*net.IPAddr)
+		if !ok {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(ip.IP); !ok || a.Unmap() != dst {
+			continue
+		}
+		m, err := icmp.ParseMessage(1, buf[:n2])
+		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+			continue
+		}
+		if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == n {
+			return true, nil
+		}
+	}
+}

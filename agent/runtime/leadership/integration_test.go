@@ -1,0 +1,191 @@
+package leadership
+
+// The elector against a real kube-apiserver with the shipped RBAC: three
+// candidates of one location take, renew, lose and release the Lease in
+// the order the plan gives, never two at once, and write and remove the
+// leader marks. Outcomes only: no timing is asserted.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/e2e/apiserver"
+)
+
+func repoFile(name string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", name)
+}
+
+func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval, not a synchronisation
+	}
+}
+
+func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver")
+	}
+	srv := apiserver.Start(t, apiserver.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, f := range []string{"manifests/namespace/namespace.yaml", "manifests/base/rbac.yaml"} {
+		if _, err := apiserver.ApplyFile(ctx, srv.AdminConfig(), repoFile(f), apiserver.ApplyOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := kubernetes.NewForConfigOrDie(srv.AdminConfig())
+	for _, n := range []string{"x-1", "x-2", "x-3"} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The agents' own credentials: the shipped RBAC must allow all of it.
+	agent := kubernetes.NewForConfigOrDie(srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet"))
+	const lease = "meshlet-leader-x"
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	type cand struct {
+		e      *Elector
+		cancel context.CancelFunc
+	}
+	cands := map[string]*cand{}
+	var mu sync.Mutex
+	dead := map[string]bool{}
+	for _, n := range []string{"x-1", "x-2", "x-3"} {
+		cctx, ccancel := context.WithCancel(ctx)
+		e := &Elector{Client: agent, Namespace: "kilo-system", Identity: n, Log: log.With("node", n),
+			Annotations: func(node string) (map[string]string, bool) {
+				o, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+				if err != nil {
+					return nil, false
+				}
+				return o.Annotations, true
+			}}
+		e.Start(cctx)
+		cands[n] = &cand{e, ccancel}
+	}
+	// Two holders at once, by the electors' own belief, fail the test.
+	go func() {
+		for ctx.Err() == nil {
+			held := []string{}
+			mu.Lock()
+			for n, c := range cands {
+				if !dead[n] && c.e.Status().Held {
+					held = append(held, n)
+				}
+			}
+			mu.Unlock()
+			if len(held) > 1 {
+				t.Errorf("two holders at once: %v", held)
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // sampling interval
+		}
+	}()
+	follow := func(n string, l topology.Leadership) {
+		t.Helper()
+		l.Location, l.Lease, l.Governed = "x", lease, true
+		if err := cands[n].e.Follow(ctx, topology.Plan{Leadership: &l}, true, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func() (holder string, annotations map[string]string) {
+		l, err := admin.CoordinationV1().Leases("kilo-system").Get(ctx, lease, metav1.GetOptions{})
+		if err != nil {
+			return "", nil
+		}
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		return holder, l.Annotations
+	}
+
+	// 1. No Lease yet: x-1 (rank 0) takes it; x-2 and x-3 wait their rank.
+	follow("x-2", topology.Leadership{Candidate: true, Wait: topology.RankStagger})
+	follow("x-3", topology.Leadership{Candidate: true, Wait: 2 * topology.RankStagger})
+	follow("x-1", topology.Leadership{Candidate: true})
+	poll(t, ctx, "x-1 holding", func() bool { h, _ := get(); return h == "x-1" })
+	// It keeps it while it renews: the others see renewals and never take it.
+	follow("x-1", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	ren := cands["x-1"].e.Status().RenewedAt
+	poll(t, ctx, "three renewals", func() bool { return cands["x-1"].e.Status().RenewedAt.After(ren.Add(2 * time.Second)) })
+	if h, _ := get(); h != "x-1" {
+		t.Fatalf("holder %q after renewals, want x-1", h)
+	}
+	a, _ := admin.CoreV1().Nodes().Get(ctx, "x-1", metav1.GetOptions{})
+	if a.Annotations[topology.AnnotationLeader] != topology.LeaderLeaseValue {
+		t.Errorf("x-1 annotations %v: want meshlet's leader mark", a.Annotations)
+	}
+
+	// 2. x-1 dies (no release): once it stopped renewing, x-2 — first now —
+	// takes it and removes x-1's mark.
+	mu.Lock()
+	dead["x-1"] = true
+	mu.Unlock()
+	cands["x-1"].cancel()
+	follow("x-2", topology.Leadership{Candidate: true})
+	poll(t, ctx, "x-2 holding", func() bool { h, _ := get(); return h == "x-2" })
+	follow("x-2", topology.Leadership{Candidate: true, Hold: true, Claim: true, Unmark: []string{"x-1"}})
+	a, _ = admin.CoreV1().Nodes().Get(ctx, "x-1", metav1.GetOptions{})
+	if _, ok := a.Annotations[topology.AnnotationLeader]; ok {
+		t.Errorf("x-1 still marked: %v", a.Annotations)
+	}
+
+	// 3. x-2 steps aside: it releases at once, recording why; x-3 takes it.
+	follow("x-2", topology.Leadership{StepAside: topology.ReasonWireGuardDegraded, Release: topology.ReasonWireGuardDegraded})
+	follow("x-3", topology.Leadership{Candidate: true})
+	poll(t, ctx, "x-3 holding", func() bool { h, _ := get(); return h == "x-3" })
+	_, ann := get()
+	var sa map[string]topology.StepAside
+	if err := json.Unmarshal([]byte(ann[AnnotationStepAsides]), &sa); err != nil || sa["x-2"].Reason != topology.ReasonWireGuardDegraded {
+		t.Errorf("step-asides %q (%v): want x-2's", ann[AnnotationStepAsides], err)
+	}
+	if st := cands["x-3"].e.State(); st.Holder != "x-3" || st.StepAsides["x-2"].Reason != topology.ReasonWireGuardDegraded {
+		t.Errorf("x-3's view %+v", st)
+	}
+
+	// 4. Marks: a user's leader annotation is never removed, meshlet's is.
+	user := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, topology.AnnotationLeader)
+	if _, err := admin.CoreV1().Nodes().Patch(ctx, "x-1", types.MergePatchType, []byte(user), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	follow("x-3", topology.Leadership{Candidate: true, Hold: true, Claim: true, Unmark: []string{"x-1", "x-2"}})
+	a, _ = admin.CoreV1().Nodes().Get(ctx, "x-1", metav1.GetOptions{})
+	if a.Annotations[topology.AnnotationLeader] != "true" {
+		t.Errorf("the user's leader annotation on x-1 was touched: %v", a.Annotations)
+	}
+	a, _ = admin.CoreV1().Nodes().Get(ctx, "x-3", metav1.GetOptions{})
+	if a.Annotations[topology.AnnotationLeader] != topology.LeaderLeaseValue {
+		t.Errorf("x-3 not marked: %v", a.Annotations)
+	}
+	// Role history: a leader from when its run started, then not.
+	e := &Elector{}
+	t0 := time.Now()
+	e.recordRole(true, true, t0)
+	e.recordRole(true, true, t0.Add(time.Second))
+	e.recordRole(false, false, t0.Add(2*time.Second))
+	e.recordRole(false, true, t0.Add(3*time.Second))
+	if r := e.Roles(); len(r) != 2 || !r[0].Leader || !r[0].At.Equal(t0) || r[1].Leader {
+		t.Errorf("roles %+v: want leader from the run's start, then not once applied", r)
+	}
+}

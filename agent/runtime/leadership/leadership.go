@@ -1,0 +1,784 @@
+// Package leadership is this node's part in its location's Lease
+// (docs/failover.md): it watches the Lease, takes a free or expired one in
+// the order the plan gives (Leadership.Wait), renews it, gives it up when
+// the plan says so, writes the leader marks (Kilo's leader annotation with
+// meshlet's value on the holder, removed from a former holder), writes an
+// Event for every change of leader and step-aside, and keeps the history of
+// this node's role for /status.
+//
+// It talks to coordination.k8s.io directly rather than through client-go's
+// leaderelection: candidates take a free Lease in Kilo's order (a delay per
+// rank, decided by the planner), a holder gives it up in the middle of a
+// term when it is degraded, recording why in the Lease, and the planner
+// reads the Lease as an observation (its holder, and until when the holder
+// is presumed alive). Like leaderelection, expiry is judged on this agent's
+// own clock from when it saw the Lease change (never from the holder's
+// renewTime, so clock skew between nodes does not matter), and every write
+// is an update with the resourceVersion last seen, so two candidates never
+// both take it.
+package leadership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
+)
+
+// Annotations meshlet keeps on a location's Lease.
+const (
+	// AnnotationStepAsides: the nodes that gave leadership up for their
+	// health, with reason and time (JSON), so every candidate skips them
+	// while they cool down; entries older than the cool-down are dropped.
+	AnnotationStepAsides = "meshlet.io/step-asides"
+	// AnnotationReleased: who released the Lease last, and why.
+	AnnotationReleased = "meshlet.io/released"
+)
+
+// Reasons of a leader change (meshlet_leader_changes_total, Events).
+const (
+	ChangeFirst    = "First"
+	ChangeReleased = "Released"
+	ChangeExpired  = "Expired"
+)
+
+// Defaults (docs/failover.md#timing).
+const (
+	DefaultDuration = 3 * time.Second
+	DefaultRenew    = time.Second
+)
+
+// Elector runs this node's part in its location's Lease.
+type Elector struct {
+	Client    kubernetes.Interface
+	Namespace string
+	Identity  string // this node
+	// Duration is the Lease's duration: a holder that has not renewed for
+	// this long, as a candidate sees, is presumed dead. Renew is how often
+	// the holder renews.
+	Duration, Renew time.Duration
+	// Annotations returns a node's annotations as last seen (the local
+	// informer), so marks are written only when they differ.
+	Annotations func(node string) (map[string]string, bool)
+	// NodeUID finds a Node's UID for Events.
+	NodeUID  func(node string) (types.UID, bool)
+	Recorder record.EventRecorder // nil: no Events
+	Metrics  *metrics.Leadership  // nil: no metrics
+	Notify   func(seen time.Time)
+	Log      *slog.Logger
+	Clock    clock.WithTicker
+
+	mu        sync.Mutex
+	ctx       context.Context
+	wake      chan struct{}
+	intent    *topology.Leadership
+	name      string
+	cancel    context.CancelFunc // the watch of name
+	informer  cache.SharedIndexInformer
+	rec       *coordinationv1.Lease // as last seen or written; nil = none
+	changedAt time.Time             // when rec was last seen or written
+	broken    bool                  // the watch failed since the last delivery
+	brokenAt  time.Time
+	freeSince time.Time // when rec was seen free (or absent)
+	renewedAt time.Time // this node's last successful renewal
+	stepAside *topology.StepAside
+	held      bool
+	roles     []Role
+	leading   bool
+	haveRole  bool
+}
+
+// Role is one change of this node's role: from At on, it was (Leader) or
+// was not configured as its location's leader. Changes to leader are
+// stamped when the run that configured it started, changes away from it
+// when the device was down: overlaps are never understated.
+type Role struct {
+	At     time.Time `json:"at"`
+	Leader bool      `json:"leader"`
+}
+
+// maxRoles is how many role changes /status keeps.
+const maxRoles = 64
+
+func (e *Elector) clock() clock.WithTicker {
+	if e.Clock == nil {
+		return clock.RealClock{}
+	}
+	return e.Clock
+}
+
+func (e *Elector) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.Default()
+	}
+	return e.Log
+}
+
+// Start runs the elector until ctx ends.
+func (e *Elector) Start(ctx context.Context) {
+	if e.Duration <= 0 {
+		e.Duration = DefaultDuration
+	}
+	if e.Renew <= 0 {
+		e.Renew = DefaultRenew
+	}
+	e.mu.Lock()
+	e.ctx = ctx
+	e.wake = make(chan struct{}, 1)
+	e.mu.Unlock()
+	go e.run(ctx)
+}
+
+// Watch makes the elector watch the Lease called name (the plan's, or at
+// start the one of this node's location, so a restarted holder renews it
+// before its first plan).
+func (e *Elector) Watch(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctx == nil || name == e.name {
+		return
+	}
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.name, e.rec, e.informer, e.held = name, nil, nil, false
+	e.changedAt, e.freeSince = time.Time{}, time.Time{}
+	if name == "" {
+		e.cancel = nil
+		return
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	e.cancel = cancel
+	lw := cache.NewListWatchFromClient(e.Client.CoordinationV1().RESTClient(), "leases", e.Namespace,
+		fields.OneTermEqualSelector("metadata.name", name))
+	inf := cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { e.seen(name, obj, false) },
+		UpdateFunc: func(_, obj any) { e.seen(name, obj, false) },
+		DeleteFunc: func(obj any) { e.seen(name, obj, true) },
+	})
+	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		e.mu.Lock()
+		if e.name == name {
+			e.broken, e.brokenAt = true, e.clock().Now()
+		}
+		e.mu.Unlock()
+		e.log().Debug("Lease watch failed", "lease", e.Namespace+"/"+name, "error", err)
+	})
+	e.informer = inf
+	go inf.Run(ctx.Done())
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			e.mu.Lock()
+			if e.name == name && e.rec == nil && e.freeSince.IsZero() {
+				e.freeSince = e.clock().Now() // listed: there is none
+			}
+			e.mu.Unlock()
+			e.poke()
+			e.notify()
+		}
+	}()
+}
+
+// Synced reports whether the watched Lease has been listed once.
+func (e *Elector) Synced() bool {
+	e.mu.Lock()
+	inf := e.informer
+	e.mu.Unlock()
+	return inf != nil && inf.HasSynced()
+}
+
+// Name is the Lease watched ("" before Watch).
+func (e *Elector) Name() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.name
+}
+
+// seen records a delivery of the watched Lease: any delivery (a relist
+// included) is proof the view is current, and the holder is presumed alive
+// for a Lease duration from it.
+func (e *Elector) seen(name string, obj any, deleted bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	now := e.clock().Now()
+	e.mu.Lock()
+	if e.name != name {
+		e.mu.Unlock()
+		return
+	}
+	prev := holderOf(e.rec)
+	if deleted {
+		e.rec = nil
+	} else if e.rec == nil || e.rec.ResourceVersion != l.ResourceVersion || e.broken {
+		e.rec = l.DeepCopy()
+	}
+	e.changedAt, e.broken = now, false
+	cur := holderOf(e.rec)
+	if cur == "" && (prev != "" || e.freeSince.IsZero()) {
+		e.freeSince = now
+	}
+	e.held = cur == e.Identity
+	e.mu.Unlock()
+	if cur != prev {
+		e.log().Info("location Lease", "lease", e.Namespace+"/"+name, "holder", cur, "previous", prev)
+	}
+	e.poke()
+	e.notify()
+}
+
+func holderOf(l *coordinationv1.Lease) string {
+	if l == nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+func (e *Elector) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (e *Elector) notify() {
+	if e.Notify != nil {
+		e.Notify(time.Time{})
+	}
+}
+
+// State is the Lease as this agent sees it, for the planner's snapshot.
+func (e *Elector) State() *topology.LeaseState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := &topology.LeaseState{Name: e.name, Exists: e.rec != nil, Holder: holderOf(e.rec), Duration: e.leaseDuration(), Fresh: e.fresh()}
+	st.StepAsides = stepAsides(e.rec)
+	if sa := e.stepAside; sa != nil {
+		if st.StepAsides == nil {
+			st.StepAsides = map[string]topology.StepAside{}
+		}
+		if cur, ok := st.StepAsides[e.Identity]; !ok || cur.At.Before(sa.At) {
+			st.StepAsides[e.Identity] = *sa
+		}
+	}
+	return st
+}
+
+// fresh: the holder is presumed alive until fresh + duration; while the
+// watch is broken, nothing can be concluded and it moves with the clock.
+// Call with e.mu held.
+func (e *Elector) fresh() time.Time {
+	if e.broken {
+		return e.clock().Now()
+	}
+	return e.changedAt
+}
+
+// leaseDuration is the duration the holder wrote (all agents agree on it
+// even when their flags differ), else this agent's. Call with e.mu held.
+func (e *Elector) leaseDuration() time.Duration {
+	if e.rec != nil && e.rec.Spec.LeaseDurationSeconds != nil && *e.rec.Spec.LeaseDurationSeconds > 0 {
+		return time.Duration(*e.rec.Spec.LeaseDurationSeconds) * time.Second
+	}
+	return e.Duration
+}
+
+func stepAsides(l *coordinationv1.Lease) map[string]topology.StepAside {
+	if l == nil || l.Annotations[AnnotationStepAsides] == "" {
+		return nil
+	}
+	var m map[string]topology.StepAside
+	if err := json.Unmarshal([]byte(l.Annotations[AnnotationStepAsides]), &m); err != nil {
+		return nil
+	}
+	return m
+}
+
+// Roles returns this node's role changes, oldest first.
+func (e *Elector) Roles() []Role {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]Role(nil), e.roles...)
+}
+
+// Status is what /status shows of the elector.
+type Status struct {
+	Lease     string              `json:"lease,omitempty"`
+	Holder    string              `json:"holder,omitempty"`
+	Held      bool                `json:"held"`
+	RenewedAt time.Time           `json:"renewedAt,omitzero"`
+	Roles     []Role              `json:"roles"`
+	StepAside *topology.StepAside `json:"stepAside,omitempty"`
+}
+
+// Status returns the elector's state.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := Status{Lease: e.name, Holder: holderOf(e.rec), Held: e.held, RenewedAt: e.renewedAt, Roles: append([]Role{}, e.roles...), StepAside: e.stepAside}
+	if st.Lease != "" {
+		st.Lease = e.Namespace + "/" + st.Lease
+	}
+	return st
+}
+
+// Follow takes the plan's decisions (after the loop applied the data
+// plane; applied is false when that failed, started is when the run
+// began): the Lease to watch and what to do with it, the marks, the role
+// history.
+func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, started time.Time) error {
+	e.recordRole(plan.Leader, applied, started)
+	l := plan.Leadership
+	if l == nil {
+		return nil
+	}
+	if l.Lease != "" || l.Release == "" {
+		e.Watch(l.Lease)
+	}
+	e.mu.Lock()
+	e.intent = l
+	e.mu.Unlock()
+	if l.StepAside != "" {
+		e.stepAsideOnce(ctx, *l)
+	}
+	if e.Metrics != nil {
+		for _, r := range []string{topology.ReasonWireGuardDegraded, topology.ReasonGatewayUnreachable} {
+			v := 0.0
+			if l.Degraded == r {
+				v = 1
+			}
+			e.Metrics.Degraded.WithLabelValues(r).Set(v)
+		}
+	}
+	e.poke()
+	return e.marks(ctx, *l)
+}
+
+// recordRole keeps the history of this node's role: a change to leader
+// from when the run started (applied or not: it may be configured), a
+// change away only once the apply succeeded.
+func (e *Elector) recordRole(leader, applied bool, started time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.haveRole && leader == e.leading {
+		return
+	}
+	var at time.Time
+	switch {
+	case leader:
+		at = started
+	case applied:
+		at = e.clock().Now()
+	default:
+		return
+	}
+	e.haveRole, e.leading = true, leader
+	e.roles = append(e.roles, Role{At: at, Leader: leader})
+	if len(e.roles) > maxRoles {
+		e.roles = e.roles[len(e.roles)-maxRoles:]
+	}
+}
+
+// stepAsideOnce records a step-aside (once per cool-down): the planner
+// keeps saying StepAside while this node still carries its mark.
+func (e *Elector) stepAsideOnce(ctx context.Context, l topology.Leadership) {
+	now := e.clock().Now()
+	e.mu.Lock()
+	if e.stepAside != nil && now.Before(e.stepAside.At.Add(topology.StepAsideCoolDown)) {
+		e.mu.Unlock()
+		return
+	}
+	e.stepAside = &topology.StepAside{Reason: l.StepAside, At: now}
+	e.mu.Unlock()
+	e.log().LogAttrs(ctx, slog.LevelWarn, "giving leadership of the location up",
+		slog.String("location", l.Location), slog.String("reason", l.StepAside), slog.String("lease", e.Namespace+"/"+l.Lease))
+	if e.Metrics != nil {
+		e.Metrics.StepAsides.WithLabelValues(l.StepAside).Inc()
+	}
+	e.event(corev1.EventTypeWarning, "LeaderSteppedAside", fmt.Sprintf("%s gives leadership of location %s up: %s (%s)",
+		e.Identity, l.Location, l.StepAside, stepAsideWhy(l.StepAside)))
+}
+
+func stepAsideWhy(reason string) string {
+	switch reason {
+	case topology.ReasonGatewayUnreachable:
+		return "its underlay gateway stopped answering"
+	case topology.ReasonWireGuardDegraded:
+		return "its tunnels to the other leaders are dead while theirs to each other are alive"
+	}
+	return reason
+}
+
+func (e *Elector) event(typ, reason, msg string) {
+	if e.Recorder == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: e.Identity}
+	if e.NodeUID != nil {
+		ref.UID, _ = e.NodeUID(e.Identity)
+	}
+	e.Recorder.Event(ref, typ, reason, msg)
+}
+
+// marks writes Kilo's leader annotation with meshlet's value on this node
+// when it holds the Lease, and removes meshlet's (only meshlet's: the
+// value is checked by the API server in the same patch) from the nodes
+// the plan names.
+func (e *Elector) marks(ctx context.Context, l topology.Leadership) error {
+	var errs []error
+	if l.Claim {
+		if a, ok := e.annotations(e.Identity); !ok || a[topology.AnnotationLeader] != topology.LeaderLeaseValue {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+				topology.AnnotationLeader: topology.LeaderLeaseValue}}})
+			if _, err := e.Client.CoreV1().Nodes().Patch(ctx, e.Identity, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				errs = append(errs, fmt.Errorf("marking node %s as its location's leader: %w", e.Identity, err))
+			} else {
+				e.log().Info("marked this node as its location's leader", "location", l.Location, "annotation", topology.AnnotationLeader)
+			}
+		}
+	}
+	for _, n := range l.Unmark {
+		if a, ok := e.annotations(n); ok && a[topology.AnnotationLeader] != topology.LeaderLeaseValue {
+			continue
+		}
+		path := "/metadata/annotations/" + jsonPointer(topology.AnnotationLeader)
+		patch, _ := json.Marshal([]map[string]any{
+			{"op": "test", "path": path, "value": topology.LeaderLeaseValue},
+			{"op": "remove", "path": path},
+		})
+		_, err := e.Client.CoreV1().Nodes().Patch(ctx, n, types.JSONPatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil:
+			e.log().Info("removed meshlet's leader mark", "node", n, "location", l.Location)
+		case apierrors.IsNotFound(err), apierrors.IsInvalid(err):
+			// Gone, or the value is no longer meshlet's (a user's now).
+		default:
+			errs = append(errs, fmt.Errorf("removing the leader mark of node %s: %w", n, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Elector) annotations(node string) (map[string]string, bool) {
+	if e.Annotations == nil {
+		return nil, false
+	}
+	return e.Annotations(node)
+}
+
+// jsonPointer escapes a key for a JSON patch path (RFC 6901).
+func jsonPointer(s string) string {
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '~':
+			out = append(out, '~', '0')
+		case '/':
+			out = append(out, '~', '1')
+		default:
+			out = append(out, s[i])
+		}
+	}
+	return string(out)
+}
+
+// run acts on the Lease: renew while held, take it when free for long
+// enough, give it up when told.
+func (e *Elector) run(ctx context.Context) {
+	var timer clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		next := e.step(ctx)
+		if timer != nil {
+			timer.Stop()
+		}
+		var tc <-chan time.Time
+		if !next.IsZero() {
+			timer = e.clock().NewTimer(max(next.Sub(e.clock().Now()), time.Millisecond))
+			tc = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.wake:
+		case <-tc:
+		}
+	}
+}
+
+// action is what step decided to do.
+type action int
+
+const (
+	none action = iota
+	renew
+	acquire
+	release
+)
+
+// step does what is due and returns when to look again (zero: at the next
+// wake).
+func (e *Elector) step(ctx context.Context) time.Time {
+	now := e.clock().Now()
+	e.mu.Lock()
+	name, in, rec := e.name, e.intent, e.rec
+	if name == "" || e.informer == nil || !e.informer.HasSynced() {
+		e.mu.Unlock()
+		return time.Time{}
+	}
+	held := holderOf(rec) == e.Identity
+	var act action
+	var due time.Time
+	reason := ""
+	switch {
+	case held && in != nil && in.Release != "":
+		act, reason = release, in.Release
+	case held && (in == nil || in.Hold || in.Lease == name && in.Candidate):
+		// Before the first plan a restarted holder keeps its Lease.
+		due = e.renewedAt.Add(e.Renew)
+		if !e.renewedAt.IsZero() && now.Before(due) {
+			break
+		}
+		act = renew
+	case !held && in != nil && in.Candidate && in.Lease == name && !e.broken:
+		var since time.Time
+		switch {
+		case rec == nil || holderOf(rec) == "":
+			since = e.freeSince
+		default:
+			since = e.changedAt.Add(e.leaseDuration())
+		}
+		if since.IsZero() {
+			break
+		}
+		due = since.Add(in.Wait)
+		if now.Before(due) {
+			break
+		}
+		act = acquire
+		switch {
+		case rec == nil:
+			reason = ChangeFirst
+		case holderOf(rec) == "":
+			reason = ChangeReleased
+		default:
+			reason = ChangeExpired
+		}
+	}
+	var loc string
+	if in != nil {
+		loc = in.Location
+	}
+	e.mu.Unlock()
+
+	switch act {
+	case renew:
+		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.stamp(l, now, false) }); err != nil {
+			e.log().Warn("renewing the location Lease", "lease", e.Namespace+"/"+name, "error", err)
+			return now.Add(e.Renew / 4)
+		}
+		e.mu.Lock()
+		e.renewedAt = now
+		e.mu.Unlock()
+		e.setHeld(true)
+		return now.Add(e.Renew)
+	case acquire:
+		prev := holderOf(rec)
+		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.stamp(l, now, true) }); err != nil {
+			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+				e.log().Warn("taking the location Lease", "lease", e.Namespace+"/"+name, "error", err)
+			}
+			return now.Add(e.Renew / 4)
+		}
+		e.mu.Lock()
+		e.renewedAt = now
+		e.mu.Unlock()
+		e.setHeld(true)
+		e.changed(loc, name, prev, reason, rec)
+		e.notify()
+		return now.Add(e.Renew)
+	case release:
+		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.giveUp(l, now, reason) }); err != nil {
+			e.log().Warn("releasing the location Lease", "lease", e.Namespace+"/"+name, "error", err)
+			return now.Add(e.Renew / 4)
+		}
+		e.setHeld(false)
+		e.log().Info("released the location Lease", "lease", e.Namespace+"/"+name, "reason", reason)
+		e.notify()
+	}
+	return due
+}
+
+func (e *Elector) setHeld(v bool) {
+	e.mu.Lock()
+	e.held = v
+	e.mu.Unlock()
+	if e.Metrics != nil {
+		x := 0.0
+		if v {
+			x = 1
+		}
+		e.Metrics.LeaseHeld.Set(x)
+	}
+}
+
+// changed reports a leader change this node made: a log line, an Event
+// and meshlet_leader_changes_total with the reason.
+func (e *Elector) changed(loc, name, prev, reason string, old *coordinationv1.Lease) {
+	why := "no Lease existed"
+	switch reason {
+	case ChangeReleased:
+		why = "the Lease was free"
+		if old != nil && old.Annotations[AnnotationReleased] != "" {
+			why = "released by " + old.Annotations[AnnotationReleased]
+		}
+	case ChangeExpired:
+		why = fmt.Sprintf("%s stopped renewing it for %s", prev, e.leaseDurationOf(old))
+	}
+	e.log().Info("this node leads its location now", "location", loc, "lease", e.Namespace+"/"+name, "reason", reason, "previous", prev, "why", why)
+	if e.Metrics != nil {
+		e.Metrics.Changes.WithLabelValues(reason).Inc()
+	}
+	e.event(corev1.EventTypeNormal, "LeaderChanged", fmt.Sprintf("%s leads location %s (Lease %s/%s): %s", e.Identity, loc, e.Namespace, name, why))
+}
+
+func (e *Elector) leaseDurationOf(l *coordinationv1.Lease) time.Duration {
+	if l != nil && l.Spec.LeaseDurationSeconds != nil {
+		return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	return e.Duration
+}
+
+// stamp makes l this node's: holder, renew time, duration; on a take-over
+// also the acquire time and the transition count. Step-asides older than
+// the cool-down are dropped.
+func (e *Elector) stamp(l *coordinationv1.Lease, now time.Time, take bool) {
+	id := e.Identity
+	secs := int32(e.Duration / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	t := metav1.NewMicroTime(now)
+	if take {
+		l.Spec.AcquireTime = &t
+		n := int32(0)
+		if l.Spec.LeaseTransitions != nil {
+			n = *l.Spec.LeaseTransitions
+		}
+		n++
+		l.Spec.LeaseTransitions = &n
+	}
+	l.Spec.HolderIdentity, l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &id, &t, &secs
+	setStepAsides(l, now, nil)
+}
+
+// giveUp releases l: no holder, and for a health reason this node's
+// step-aside recorded.
+func (e *Elector) giveUp(l *coordinationv1.Lease, now time.Time, reason string) {
+	empty := ""
+	t := metav1.NewMicroTime(now)
+	l.Spec.HolderIdentity, l.Spec.RenewTime = &empty, &t
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[AnnotationReleased] = e.Identity + " (" + reason + ")"
+	var add *topology.StepAside
+	if reason == topology.ReasonWireGuardDegraded || reason == topology.ReasonGatewayUnreachable {
+		add = &topology.StepAside{Reason: reason, At: now}
+		e.mu.Lock()
+		if e.stepAside != nil {
+			add.At = e.stepAside.At
+		}
+		e.mu.Unlock()
+	}
+	if add != nil {
+		setStepAsides(l, now, map[string]topology.StepAside{e.Identity: *add})
+	} else {
+		setStepAsides(l, now, nil)
+	}
+}
+
+// setStepAsides writes the Lease's step-asides: the current ones still
+// cooling down, plus add.
+func setStepAsides(l *coordinationv1.Lease, now time.Time, add map[string]topology.StepAside) {
+	m := stepAsides(l)
+	for k, v := range add {
+		if m == nil {
+			m = map[string]topology.StepAside{}
+		}
+		m[k] = v
+	}
+	for k, v := range m {
+		if !now.Before(v.At.Add(topology.StepAsideCoolDown)) {
+			delete(m, k)
+		}
+	}
+	if len(m) == 0 {
+		delete(l.Annotations, AnnotationStepAsides)
+		return
+	}
+	b, _ := json.Marshal(m) // encoding/json sorts map keys
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[AnnotationStepAsides] = string(b)
+}
+
+// write creates the Lease (rec nil) or updates rec with mutate applied,
+// with rec's resourceVersion: a Lease that changed since is a conflict.
+// The result becomes the Lease as last seen.
+func (e *Elector) write(ctx context.Context, name string, rec *coordinationv1.Lease, mutate func(*coordinationv1.Lease)) error {
+	ctx, cancel := context.WithTimeout(ctx, e.Renew*2)
+	defer cancel()
+	leases := e.Client.CoordinationV1().Leases(e.Namespace)
+	var out *coordinationv1.Lease
+	var err error
+	if rec == nil {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "meshlet"}}}
+		mutate(l)
+		out, err = leases.Create(ctx, l, metav1.CreateOptions{})
+	} else {
+		l := rec.DeepCopy()
+		mutate(l)
+		out, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	if e.name == name && (e.rec == nil || e.rec.ResourceVersion != out.ResourceVersion) {
+		e.rec, e.changedAt = out, e.clock().Now()
+		if holderOf(out) == "" {
+			e.freeSince = e.changedAt
+		}
+	}
+	e.mu.Unlock()
+	return nil
+}
