@@ -486,13 +486,20 @@ func (p *planner) leadership(h health) {
 }
 
 // candidateWait is how long a free Lease must have been free before this
-// node takes it: RankStagger per candidate ahead of it in Kilo's order,
-// and while no Lease exists, StartupGrace per node ahead of it that has
-// not published its annotations yet (its agent is starting).
+// node takes it: RankStagger per candidate ahead of it in Kilo's order —
+// not counting the holder, for a Lease is only taken once its holder gave
+// it up or stopped renewing — and while no Lease exists, StartupGrace per
+// node ahead of it that has not published its annotations yet (its agent
+// is starting).
 func (p *planner) candidateWait(candidates []string) time.Duration {
-	rank := slices.Index(candidates, p.self.Name)
-	if rank < 0 {
-		rank = len(candidates)
+	rank := 0
+	for _, c := range candidates {
+		if c == p.self.Name {
+			break
+		}
+		if c != p.snap.Lease.Holder {
+			rank++
+		}
 	}
 	wait := time.Duration(rank) * RankStagger
 	if p.snap.Lease.Exists || isPublic(endpointAddr(p.endpoint)) {

@@ -81,8 +81,13 @@ func TestLeadership(t *testing.T) {
 			want: want{leaderOfX: "x-2", governed: true, candidate: true, wait: RankStagger + StartupGrace, candidates: []string{"x-2", "x-3"}},
 		},
 		{
-			name: "x-1 holds: x-2 follows it, rank 1",
+			name: "x-1 holds: x-2 follows it, first to take over (the holder is not ahead of it: a Lease is taken only from a gone holder)",
 			self: "x-2", nodes: func() []Node { ns := failoverSite(); mark(ns, "x-1"); return ns }, lease: held("x-1", time.Second),
+			want: want{leaderOfX: "x-1", governed: true, candidate: true, candidates: []string{"x-1", "x-2", "x-3"}},
+		},
+		{
+			name: "x-1 holds: x-3 second",
+			self: "x-3", nodes: func() []Node { ns := failoverSite(); mark(ns, "x-1"); return ns }, lease: held("x-1", time.Second),
 			want: want{leaderOfX: "x-1", governed: true, candidate: true, wait: RankStagger, candidates: []string{"x-1", "x-2", "x-3"}},
 		},
 		{
@@ -181,7 +186,7 @@ func TestLeadership(t *testing.T) {
 				l.StepAsides = map[string]StepAside{"x-1": {Reason: ReasonWireGuardDegraded, At: now.Add(-StepAsideCoolDown)}}
 				return l
 			}(),
-			want: want{leaderOfX: "x-2", governed: true, candidate: true, wait: RankStagger, candidates: []string{"x-2", "x-1", "x-3"}},
+			want: want{leaderOfX: "x-2", governed: true, candidate: true, candidates: []string{"x-2", "x-1", "x-3"}},
 		},
 		{
 			name: "the underlay gateway stopped answering: the leader steps aside",

@@ -208,6 +208,20 @@ func (l *Local) SelfNode() *corev1.Node {
 	return l.self
 }
 
+// NodeAnnotations returns a node's annotations as last seen (shared: read
+// only), and whether the node is known.
+func (l *Local) NodeAnnotations(name string) (map[string]string, bool) {
+	obj, ok, err := l.nodeInf.GetStore().GetByKey(name)
+	if err != nil || !ok {
+		return nil, false
+	}
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return nil, false
+	}
+	return n.Annotations, true
+}
+
 // LocalState is the local part of a snapshot.
 type LocalState struct {
 	Nodes      []topology.Node

@@ -49,6 +49,13 @@ type Config struct {
 	// RepairSessions re-establishes half-dead sessions to kg-run peers
 	// (docs/kilo-compatibility.md#half-dead).
 	RepairSessions bool
+	// LeaderElection: one Lease per location, whose holder leads it
+	// (docs/failover.md); LeaseDuration and LeaseRenew its timing.
+	LeaderElection            bool
+	LeaseDuration, LeaseRenew time.Duration
+	// HealthProbeInterval is how often leaders probe their tunnels and
+	// nodes their underlay gateway (0: never).
+	HealthProbeInterval time.Duration
 	// CleanUp is not a kg flag: meshlet never removes the data plane on exit.
 
 	parsed parsed
@@ -109,6 +116,10 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster, elected with a Lease; never over another manager's status)")
 	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
+	fs.BoolVar(&c.LeaderElection, "leader-election", true, "elect each location's leader with a Lease where every node of it runs meshlet: failover in seconds, a degraded leader steps aside (false: Kilo's rule alone)")
+	fs.DurationVar(&c.LeaseDuration, "leader-lease-duration", 3*time.Second, "how long a location's leader that stopped renewing its Lease is presumed alive (whole seconds)")
+	fs.DurationVar(&c.LeaseRenew, "leader-lease-renew", time.Second, "how often a location's leader renews its Lease")
+	fs.DurationVar(&c.HealthProbeInterval, "health-probe-interval", time.Second, "how often leaders probe their tunnels to the other leaders and nodes their underlay gateway (0: never, and no step-aside for health)")
 }
 
 // Validate checks every flag and returns all problems at once.
@@ -183,6 +194,15 @@ func (c *Config) Validate() error {
 	if c.ResyncPeriod != 0 && c.ResyncPeriod < time.Second {
 		bad("resync-period", "%v is below 1s", c.ResyncPeriod)
 	}
+	if c.LeaderElection && (c.LeaseDuration < time.Second || c.LeaseDuration%time.Second != 0) {
+		bad("leader-lease-duration", "%v must be whole seconds, at least 1s", c.LeaseDuration)
+	}
+	if c.LeaderElection && (c.LeaseRenew <= 0 || c.LeaseRenew >= c.LeaseDuration) {
+		bad("leader-lease-renew", "%v must be above 0 and below --leader-lease-duration (%v)", c.LeaseRenew, c.LeaseDuration)
+	}
+	if c.HealthProbeInterval != 0 && c.HealthProbeInterval < 100*time.Millisecond {
+		bad("health-probe-interval", "%v must be 0 (off) or at least 100ms", c.HealthProbeInterval)
+	}
 	switch c.WireGuardMode {
 	case "", "kernel", "userspace", "auto":
 	default:
@@ -215,5 +235,6 @@ func (c *Config) Settings() topology.Settings {
 		MTU:           c.parsed.mtu,
 		PrivateIP:     c.parsed.private,
 		InternalCIDRs: c.parsed.internals,
+		HealthProbes:  c.HealthProbeInterval > 0,
 	}
 }

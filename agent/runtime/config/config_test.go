@@ -66,6 +66,9 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--cluster-name=Bad_Name"}, "--cluster-name"},
 		{[]string{"--interface=a/b"}, "--interface"},
 		{[]string{"--resync-period=1ms"}, "--resync-period"},
+		{[]string{"--leader-lease-duration=1500ms"}, "--leader-lease-duration"},
+		{[]string{"--leader-lease-renew=3s"}, "--leader-lease-renew"},
+		{[]string{"--health-probe-interval=1ms"}, "--health-probe-interval"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := parse(t, tc.args...)

@@ -90,6 +90,7 @@ type Elector struct {
 	wake      chan struct{}
 	intent    *topology.Leadership
 	name      string
+	watching  bool               // Watch was called (name "" = none)
 	cancel    context.CancelFunc // the watch of name
 	informer  cache.SharedIndexInformer
 	rec       *coordinationv1.Lease // as last seen or written; nil = none
@@ -152,9 +153,10 @@ func (e *Elector) Start(ctx context.Context) {
 func (e *Elector) Watch(name string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.ctx == nil || name == e.name {
+	if e.ctx == nil || e.watching && name == e.name {
 		return
 	}
+	e.watching = true
 	if e.cancel != nil {
 		e.cancel()
 	}
@@ -197,12 +199,13 @@ func (e *Elector) Watch(name string) {
 	}()
 }
 
-// Synced reports whether the watched Lease has been listed once.
+// Synced reports whether the watched Lease has been listed once (true
+// when told to watch none).
 func (e *Elector) Synced() bool {
 	e.mu.Lock()
-	inf := e.informer
+	inf, watching, name := e.informer, e.watching, e.name
 	e.mu.Unlock()
-	return inf != nil && inf.HasSynced()
+	return watching && (name == "" || inf != nil && inf.HasSynced())
 }
 
 // Name is the Lease watched ("" before Watch).

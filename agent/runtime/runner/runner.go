@@ -17,16 +17,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
+	"github.com/meshlet/meshlet/agent/runtime/health"
+	"github.com/meshlet/meshlet/agent/runtime/leadership"
 	"github.com/meshlet/meshlet/agent/runtime/meshstatus"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
@@ -78,8 +83,12 @@ type Agent struct {
 	peers   *metrics.Collector
 	// meshStatus is nil with --clustermesh-status=false.
 	meshStatus *meshstatus.Writer
-	events     record.EventBroadcaster
-	client     kubernetes.Interface
+	// elector is nil with --leader-election=false, prober with
+	// --health-probe-interval=0.
+	elector *leadership.Elector
+	prober  *health.Prober
+	events  record.EventBroadcaster
+	client  kubernetes.Interface
 }
 
 // New assembles the agent.
@@ -127,11 +136,104 @@ func New(o Options) (*Agent, error) {
 	}
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
 	if compat.Kilo {
-		kilo := metrics.NewKilo(am)
-		o.Registry.MustRegister(kilo)
-		loop.Rejections = plans{loop.Rejections, kilo}
+		kiloMetrics := metrics.NewKilo(am)
+		o.Registry.MustRegister(kiloMetrics)
+		loop.Rejections = plans{loop.Rejections, kiloMetrics}
 	}
-	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}, nil
+	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}
+	a.failover(recorder)
+	return a, nil
+}
+
+// failover assembles the per-location Lease and the health probes
+// (docs/failover.md): the Lease and the probes' findings go into the
+// planner's input, its decisions back to them after every run.
+func (a *Agent) failover(recorder record.EventRecorder) {
+	o, loop := a.opts, a.Loop
+	if !o.Config.LeaderElection && o.Config.HealthProbeInterval <= 0 {
+		return
+	}
+	lm := metrics.NewLeadership(o.Registry)
+	var follow followers
+	if o.Config.LeaderElection {
+		a.elector = &leadership.Elector{Client: a.client, Namespace: o.Config.Namespace, Identity: o.Node,
+			Duration: o.Config.LeaseDuration, Renew: o.Config.LeaseRenew, Annotations: a.Local.NodeAnnotations,
+			NodeUID:  func(n string) (types.UID, bool) { return a.Local.UID("Node", "", n) },
+			Recorder: recorder, Metrics: lm, Notify: loop.Notify, Log: o.Log}
+		loop.Snapshots = &leaseSource{Snapshotter: loop.Snapshots, elector: a.elector, local: a.Local, settings: o.Config.Settings()}
+		follow = append(follow, a.elector)
+	}
+	if o.Config.HealthProbeInterval > 0 {
+		a.prober = &health.Prober{Stats: o.WireGuard.Stats, Interval: o.Config.HealthProbeInterval, Notify: loop.Notify, Metrics: lm, Log: o.Log}
+		loop.Self = &healthSelf{SelfSource: loop.Self, prober: a.prober}
+		follow = append(follow, proberFollower{a.prober})
+	}
+	loop.Leadership = follow
+}
+
+// leaseSource adds the location's Lease to the snapshot. Before the first
+// plan it watches the Lease of this node's location as its Node says (a
+// restarted leader renews it at once), and the loop waits until the
+// Lease has been listed: no plan without knowing who holds it.
+type leaseSource struct {
+	reconcile.Snapshotter
+	elector  *leadership.Elector
+	local    *cluster.Local
+	settings topology.Settings
+	started  bool
+}
+
+func (s *leaseSource) Synced() bool {
+	if !s.Snapshotter.Synced() {
+		return false
+	}
+	if !s.started {
+		s.started = true
+		name := ""
+		if n := s.local.SelfNode(); n != nil && (s.settings.Granularity == "" || s.settings.Granularity == topology.GranularityLocation) {
+			name = topology.LeaseName(topology.NodeLocation(kilo.ConvertNode(n, "").Node, s.settings))
+		}
+		s.elector.Watch(name)
+	}
+	return s.elector.Synced()
+}
+
+func (s *leaseSource) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
+	snap, kcs := s.Snapshotter.Snapshot()
+	snap.Lease = s.elector.State()
+	return snap, kcs
+}
+
+// healthSelf adds what the health probes saw to this node's facts.
+type healthSelf struct {
+	reconcile.SelfSource
+	prober *health.Prober
+}
+
+func (h *healthSelf) Self(ctx context.Context) (topology.Self, error) {
+	s, err := h.SelfSource.Self(ctx)
+	s.Health = h.prober.Health()
+	return s, err
+}
+
+// followers hands every plan to each of the leadership parts.
+type followers []reconcile.Leadership
+
+func (fs followers) Follow(ctx context.Context, plan topology.Plan, applied bool, started time.Time) error {
+	var errs []error
+	for _, f := range fs {
+		if err := f.Follow(ctx, plan, applied, started); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type proberFollower struct{ p *health.Prober }
+
+func (f proberFollower) Follow(_ context.Context, plan topology.Plan, _ bool, _ time.Time) error {
+	f.p.Follow(plan)
+	return nil
 }
 
 // plans hands every plan the loop reports to each of its sinks: the
@@ -163,6 +265,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.Remotes.Start(ctx)
 	if a.meshStatus != nil {
 		a.meshStatus.Start(ctx)
+	}
+	if a.elector != nil {
+		a.elector.Start(ctx)
+	}
+	if a.prober != nil {
+		go a.prober.Run(ctx)
 	}
 	a.Local.Start(ctx)
 	go a.forward(ctx)
@@ -202,6 +310,13 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 	}
 	if d, ok := a.opts.Host.(Drifter); ok && have {
 		in.Drift, in.DriftErr = d.Drift(ctx, run.Plan)
+	}
+	if a.elector != nil {
+		es := a.elector.Status()
+		in.Leadership = &status.Leadership{Held: es.Held, RenewedAt: es.RenewedAt, Roles: []status.Role{}}
+		for _, r := range es.Roles {
+			in.Leadership.Roles = append(in.Leadership.Roles, status.Role{At: r.At, Leader: r.Leader})
+		}
 	}
 	return status.Build(in)
 }

@@ -31,6 +31,9 @@ type Input struct {
 	Drift     []string
 	DriftErr  error
 	Remotes   []cluster.RemoteStatus
+	// Leadership is the elector's state (nil without Leases); the
+	// decisions come from the plan.
+	Leadership *Leadership
 }
 
 // Build assembles the status.
@@ -107,6 +110,13 @@ func Build(in Input) Status {
 	}
 	for _, r := range in.Remotes {
 		s.Remotes = append(s.Remotes, Remote{RemoteStatus: r, Mesh: mesh[r.Cluster], Leaders: leaders[r.Cluster]})
+	}
+	if in.Leadership != nil {
+		l := *in.Leadership
+		if plan.Leadership != nil {
+			l.Leadership = *plan.Leadership
+		}
+		s.Leadership = &l
 	}
 	return s
 }

@@ -41,6 +41,27 @@ type Status struct {
 	LastRun    Run                  `json:"lastReconcile"`
 	Remotes    []Remote             `json:"remotes,omitempty"`
 	Rejections []topology.Rejection `json:"rejections,omitempty"`
+	// Leadership is the location's Lease as this agent sees it and what
+	// the last plan decided of it (absent without Leases).
+	Leadership *Leadership `json:"leadership,omitempty"`
+}
+
+// Leadership is the last plan's decisions on the location's Lease and the
+// elector's state: whether this node holds it, and the history of its role
+// (docs/failover.md).
+type Leadership struct {
+	topology.Leadership
+	Held      bool      `json:"held"`
+	RenewedAt time.Time `json:"renewedAt,omitzero"`
+	// Roles are this node's role changes, oldest first: from At on it was
+	// (Leader) or was not configured as the location's leader.
+	Roles []Role `json:"roles"`
+}
+
+// Role is one change of this node's role.
+type Role struct {
+	At     time.Time `json:"at"`
+	Leader bool      `json:"leader"`
 }
 
 // Device is the WireGuard device.
@@ -116,6 +137,9 @@ func Print(w io.Writer, s Status) error {
 		last += ", applied"
 	}
 	fmt.Fprintln(tw, last)
+	if l := s.Leadership; l != nil {
+		fmt.Fprintln(tw, leadershipLine(l))
+	}
 
 	if len(s.Peers) == 0 {
 		fmt.Fprintln(tw, "\nNo WireGuard peers.")
@@ -157,6 +181,33 @@ func Print(w io.Writer, s Status) error {
 	}
 	WriteRejections(tw, s.Rejections)
 	return tw.Flush()
+}
+
+// leadershipLine says how the location's leader is chosen and this node's
+// part in it.
+func leadershipLine(l *Leadership) string {
+	if !l.Governed {
+		return "Leadership: Kilo's rule (" + l.Why + ")"
+	}
+	line := fmt.Sprintf("Leadership: Lease %s", l.Lease)
+	switch {
+	case l.Held:
+		line += " held by this node"
+	case l.Holder != "":
+		line += " held by " + l.Holder
+	default:
+		line += " free"
+	}
+	if len(l.Candidates) > 0 {
+		line += ", candidates " + strings.Join(l.Candidates, ",")
+	}
+	if l.Degraded != "" {
+		line += ", this node degraded: " + l.Degraded
+	}
+	if l.StepAside != "" {
+		line += ", stepping aside"
+	}
+	return line
 }
 
 // WriteRoutes writes routes and rules as tables (`meshlet status`,

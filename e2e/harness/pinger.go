@@ -1,0 +1,141 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Pinger pings a pod address from a node's pod address for as long as it
+// runs, recording when each reply arrived (ping -D): the time traffic
+// stopped and resumed, not only how many pings were lost.
+type Pinger struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu      sync.Mutex
+	started time.Time
+	replies []reply
+	lastSeq int
+}
+
+type reply struct {
+	at  time.Time
+	seq int
+}
+
+var pingReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] .*icmp_seq=(\d+) `)
+
+// StartPinger starts pinging dst from n every interval (each reply waited
+// for up to a second).
+func (n *Node) StartPinger(ctx context.Context, dst netip.Addr, interval time.Duration) (*Pinger, error) {
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", n.NS, "ping", "-n", "-D", "-i", fmt.Sprintf("%.3f", interval.Seconds()),
+		"-W", "1", "-I", n.PodIP.String(), dst.String())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &Pinger{cmd: cmd, done: make(chan struct{}), started: time.Now()}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("node %s: ping %s: %w", n.Name, dst, err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			m := pingReply.FindStringSubmatch(sc.Text())
+			if m == nil {
+				continue
+			}
+			sec, _ := strconv.ParseInt(m[1], 10, 64)
+			frac := m[2] + "000000000"
+			nsec, _ := strconv.ParseInt(frac[:9], 10, 64)
+			seq, _ := strconv.Atoi(m[3])
+			p.mu.Lock()
+			p.replies = append(p.replies, reply{at: time.Unix(sec, nsec), seq: seq})
+			p.lastSeq = max(p.lastSeq, seq)
+			p.mu.Unlock()
+		}
+		_ = cmd.Wait()
+	}()
+	return p, nil
+}
+
+// Stop ends the ping and returns what it saw.
+func (p *Pinger) Stop() PingTimeline {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := PingTimeline{Started: p.started, Stopped: time.Now(), Replies: make([]time.Time, len(p.replies))}
+	seen := map[int]bool{}
+	for i, r := range p.replies {
+		t.Replies[i] = r.at
+		seen[r.seq] = true
+	}
+	// Requests up to the last answered one that got no answer.
+	for s := 1; s <= p.lastSeq; s++ {
+		if !seen[s] {
+			t.Lost++
+		}
+	}
+	t.Sent = p.lastSeq
+	return t
+}
+
+// Replied reports whether a reply arrived after t.
+func (p *Pinger) Replied(after time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.replies) > 0 && p.replies[len(p.replies)-1].at.After(after)
+}
+
+// PingTimeline is one Pinger's run.
+type PingTimeline struct {
+	Started, Stopped time.Time
+	Replies          []time.Time
+	// Sent counts requests up to the last answered one, Lost those of them
+	// that got no reply.
+	Sent, Lost int
+}
+
+// FirstReplyAfter is the first reply after t (zero: none).
+func (t PingTimeline) FirstReplyAfter(at time.Time) time.Time {
+	for _, r := range t.Replies {
+		if r.After(at) {
+			return r
+		}
+	}
+	return time.Time{}
+}
+
+// LastReplyBefore is the last reply before t (zero: none).
+func (t PingTimeline) LastReplyBefore(at time.Time) time.Time {
+	var last time.Time
+	for _, r := range t.Replies {
+		if r.Before(at) {
+			last = r
+		}
+	}
+	return last
+}
+
+// LongestGap is the longest time between two replies (or from the start
+// to the first).
+func (t PingTimeline) LongestGap() time.Duration {
+	prev := t.Started
+	var g time.Duration
+	for _, r := range t.Replies {
+		g = max(g, r.Sub(prev))
+		prev = r
+	}
+	return g
+}
