@@ -147,3 +147,109 @@ func TestLeaderFailover(t *testing.T) {
 		t.Errorf("traffic resumed %v after the power-off; the Lease expires after 3 s", took)
 	}
 }
+
+// Scenario 8b: a leader that is degraded but still Ready (Kilo #489): its
+// agent keeps heartbeating, but nftables drops its UDP 51820 both ways, so
+// its tunnels are dead while the other leaders' tunnels to each other are
+// alive. Its probes see every tunnel dead for 3 s, it is degraded for 2 s
+// more (hysteresis), gives the device role up and releases its Lease,
+// recording why; the next node takes over. When the block is lifted it
+// stays a non-leader, cleanly (no WireGuard IP, no mark, kilo0 down, not a
+// peer of the remote leaders), while it cools down.
+func TestDegradedLeaderStepsAside(t *testing.T) {
+	env, ctx := newEnv(t)
+	must(t, env.Build(ctx, harness.Small(3, "z", "w")))
+	x1, x2, x3, z1, w1 := env.Node("a-x1"), env.Node("a-x2"), env.Node("a-x3"), env.Node("b-z1"), env.Node("b-w1")
+	if l := leaderOf(t, ctx, x1, x2, x3); l != x1 {
+		t.Fatalf("leader %s, want a-x1", l.Name)
+	}
+	awaitMark(t, ctx, x1, x2, x3)
+	_, err := x3.WaitReachable(ctx, z1.PodIP, 30*time.Second)
+	must(t, err)
+	// The remote leaders must show their tunnels to each other alive: that
+	// is what tells a cut-off leader from a broken mesh.
+	for _, n := range []*harness.Node{z1, w1, x1} {
+		must(t, harness.Poll(ctx, 30*time.Second, 200*time.Millisecond, n.Name+" publishing live tunnels", func() (bool, error) {
+			a, err := n.Cluster.Annotations(ctx, n.Name)
+			return err == nil && a[topology.AnnotationTunnels] == topology.TunnelsUp, err
+		}))
+	}
+	mon := harness.WatchLeadership(ctx, x1, x2, x3)
+	ping, err := x3.StartPinger(ctx, z1.PodIP, 100*time.Millisecond)
+	must(t, err)
+	must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings answered", func() (bool, error) {
+		return ping.Replied(time.Now().Add(-time.Second)), nil
+	}))
+
+	cut := time.Now()
+	lift, err := x1.BlockWireGuard(ctx)
+	must(t, err)
+	must(t, harness.Poll(ctx, 60*time.Second, 50*time.Millisecond, "a-x3 reaching b-z1 again", func() (bool, error) {
+		return ping.Replied(cut.Add(time.Second)), nil
+	}))
+	resumed := time.Now()
+	if l := leaderOf(t, ctx, x1, x2, x3); l != x2 {
+		t.Fatalf("leader %s after the cut, want a-x2 (next in Kilo's order)", l.Name)
+	}
+	awaitMark(t, ctx, x2, x1, x3)
+	checkFollows(t, ctx, z1, x2, x1)
+	checkFollows(t, ctx, w1, x2, x1)
+	m, err := x1.Metrics(ctx)
+	must(t, err)
+	if v, _ := m.Value("meshlet_leader_step_asides_total", "reason", topology.ReasonWireGuardDegraded); v != 1 {
+		t.Errorf("a-x1 meshlet_leader_step_asides_total{reason=WireGuardDegraded} = %v, want 1", v)
+	}
+	m2, err := x2.Metrics(ctx)
+	must(t, err)
+	if v, _ := m2.Value("meshlet_leader_changes_total", "reason", "Released"); v != 1 {
+		t.Errorf("a-x2 meshlet_leader_changes_total{reason=Released} = %v, want 1", v)
+	}
+	var stepped, changed bool
+	for _, e := range leaderEvents(t, ctx, x1.Cluster) {
+		stepped = stepped || e.InvolvedObject.Name == "a-x1" && e.Reason == "LeaderSteppedAside" && strings.Contains(e.Message, topology.ReasonWireGuardDegraded)
+		changed = changed || e.InvolvedObject.Name == "a-x2" && e.Reason == "LeaderChanged" && strings.Contains(e.Message, "released by a-x1 ("+topology.ReasonWireGuardDegraded+")")
+	}
+	if !stepped || !changed {
+		t.Errorf("Events: a-x1 LeaderSteppedAside %v, a-x2 LeaderChanged naming the release %v", stepped, changed)
+	}
+
+	// Recovery: a-x1 answers again, and stays out of the device role.
+	must(t, lift())
+	recovered := time.Now()
+	x1Key, err := x1.PublicKey(ctx)
+	must(t, err)
+	for time.Since(recovered) < 15*time.Second {
+		a, err := x1.Cluster.Annotations(ctx, x1.Name)
+		must(t, err)
+		if a[topology.AnnotationWireGuardIP] != "" || a[topology.AnnotationLeader] != "" || a[topology.AnnotationDegraded] != topology.ReasonWireGuardDegraded {
+			t.Fatalf("a-x1 after recovery: wireguard-ip %q leader %q degraded %q; want none, none, WireGuardDegraded (cooling down)",
+				a[topology.AnnotationWireGuardIP], a[topology.AnnotationLeader], a[topology.AnnotationDegraded])
+		}
+		if up, _ := x1.Kilo0Configured(ctx); up {
+			t.Fatal("a-x1's kilo0 configured again after recovery")
+		}
+		for _, r := range []*harness.Node{z1, w1} {
+			d, err := r.Device()
+			must(t, err)
+			if _, ok := d.Peers[x1Key]; ok {
+				t.Fatalf("%s has a-x1 as a peer again", r.Name)
+			}
+		}
+		pace(ctx, time.Second)
+	}
+	if l := leaderOf(t, ctx, x1, x2, x3); l != x2 {
+		t.Errorf("leader %s after a-x1 recovered, want a-x2 still (no flap back)", l.Name)
+	}
+	tl := ping.Stop()
+	mon.Stop()
+	res := mon.Result()
+	last := tl.LastReplyBefore(cut.Add(time.Second))
+	first := tl.FirstReplyAfter(cut.Add(time.Second))
+	report(t, "a-x1's UDP 51820 dropped both ways: traffic a-x3 → b-z1 resumed %v after the cut (outage %v, %d pings lost at 10/s; goal < 15 s), through a-x2; after the block was lifted a-x1 stayed a clean non-leader for 15 s and a-x2 kept leading; %s",
+		first.Sub(cut).Round(100*time.Millisecond), first.Sub(last).Round(100*time.Millisecond), tl.Lost, res)
+	_ = resumed
+	must(t, res.Check())
+	if d := first.Sub(cut); d > 20*time.Second {
+		t.Errorf("traffic resumed %v after the cut; the rule allows about 5 s plus the handover", d)
+	}
+}

@@ -65,6 +65,9 @@ type Env struct {
 	veths    int
 	routers  int
 	closed   bool
+	// fwds are the forwarders of host addresses into namespaces, by
+	// address (an API server's, reached from inside every node).
+	fwds map[string][]*forwarder
 }
 
 // HubNet is the underlay: every node on the hub bridge gets an address here.
@@ -282,5 +285,39 @@ func Poll(ctx context.Context, timeout, interval time.Duration, what string, con
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
 		case <-t.C:
 		}
+	}
+}
+
+// forwardInto makes addr (on the host's loopback) reachable at the same
+// address inside namespace ns (forwardFromNetns).
+func (e *Env) forwardInto(ns, addr string) error {
+	f, err := forwardFromNetns(ns, addr)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	if e.fwds == nil {
+		e.fwds = map[string][]*forwarder{}
+	}
+	e.fwds[addr] = append(e.fwds[addr], f)
+	e.mu.Unlock()
+	e.onClose(f.Close)
+	return nil
+}
+
+// CutAPI makes cluster c's API server unreachable from every node (their
+// connections to it close, new ones are refused) while it keeps running for
+// the test; RestoreAPI undoes it.
+func (e *Env) CutAPI(c *Cluster) { e.setCut("127.0.0.1:"+c.APIPort(), true) }
+
+// RestoreAPI makes cluster c's API server reachable from the nodes again.
+func (e *Env) RestoreAPI(c *Cluster) { e.setCut("127.0.0.1:"+c.APIPort(), false) }
+
+func (e *Env) setCut(addr string, cut bool) {
+	e.mu.Lock()
+	fs := append([]*forwarder(nil), e.fwds[addr]...)
+	e.mu.Unlock()
+	for _, f := range fs {
+		f.setCut(cut)
 	}
 }

@@ -97,7 +97,7 @@ func (m *LeadershipMonitor) poll(ctx context.Context) {
 	var leaders []string
 	now := time.Now()
 	for _, n := range m.nodes {
-		if up, err := n.kilo0Configured(ctx); err == nil && up {
+		if up, err := n.Kilo0Configured(ctx); err == nil && up {
 			leaders = append(leaders, n.Name)
 		}
 		if !n.Running() {
@@ -127,9 +127,9 @@ func (m *LeadershipMonitor) poll(ctx context.Context) {
 	m.mu.Unlock()
 }
 
-// kilo0Configured reports whether the node's kilo0 is up with an address,
+// Kilo0Configured reports whether the node's kilo0 is up with an address,
 // as a leader's is (a non-leader's is down, a powered-off node has none).
-func (n *Node) kilo0Configured(ctx context.Context) (bool, error) {
+func (n *Node) Kilo0Configured(ctx context.Context) (bool, error) {
 	out, err := run(ctx, "ip", "-n", n.NS, "-o", "-4", "addr", "show", "dev", Iface, "up")
 	if err != nil {
 		return false, nil // no kilo0

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/vishvananda/netns"
@@ -114,6 +115,21 @@ type forwarder struct {
 	mu    sync.Mutex
 	conns map[net.Conn]bool
 	wg    sync.WaitGroup
+	// cut: refuse every connection (the server unreachable from here).
+	cut atomic.Bool
+}
+
+// setCut cuts (closing every connection) or restores the forwarding.
+func (f *forwarder) setCut(v bool) {
+	f.cut.Store(v)
+	if !v {
+		return
+	}
+	f.mu.Lock()
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
 }
 
 func newForwarder(l net.Listener, dial func(ctx context.Context) (net.Conn, error)) *forwarder {
@@ -129,6 +145,10 @@ func (f *forwarder) serve() {
 		c, err := f.l.Accept()
 		if err != nil {
 			return
+		}
+		if f.cut.Load() {
+			c.Close()
+			continue
 		}
 		f.wg.Add(1)
 		go func() {
@@ -210,7 +230,7 @@ func ForwardIntoNetns(listen, ns, addr string) (string, func(), error) {
 // the host's loopback, and this makes https://127.0.0.1:PORT mean the same
 // server inside every node (its certificate names 127.0.0.1), so the
 // kubeconfigs and kubeconfig Secrets a user would write work unchanged.
-func forwardFromNetns(ns, addr string) (func(), error) {
+func forwardFromNetns(ns, addr string) (*forwarder, error) {
 	var l net.Listener
 	err := inNetns(ns, func() error {
 		var err error
@@ -224,7 +244,7 @@ func forwardFromNetns(ns, addr string) (func(), error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", addr)
 	})
-	return f.Close, nil
+	return f, nil
 }
 
 // nsPIDs lists the processes in a network namespace.

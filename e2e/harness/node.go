@@ -57,7 +57,6 @@ type Node struct {
 	WGDir    string // bound over /run/wireguard for this node's processes
 	LogPath  string
 	env      *Env
-	forwards []func()
 
 	mu    sync.Mutex
 	agent *exec.Cmd
@@ -97,12 +96,9 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	// Each API server listens on the host's loopback; make the same
 	// address work inside the node (see forwardFromNetns).
 	for _, cl := range e.Clusters() {
-		stop, err := forwardFromNetns(n.NS, "127.0.0.1:"+cl.APIPort())
-		if err != nil {
+		if err := e.forwardInto(n.NS, "127.0.0.1:"+cl.APIPort()); err != nil {
 			return nil, err
 		}
-		n.forwards = append(n.forwards, stop)
-		e.onClose(stop)
 	}
 	ann := map[string]string{topology.AnnotationLocation: spec.Location}
 	for k, v := range spec.Annotations {
@@ -476,6 +472,27 @@ func (n *Node) CutUDP(ctx context.Context, addr netip.Addr) error {
 		return fmt.Errorf("node %s: %w", n.Name, err)
 	}
 	return nil
+}
+
+// BlockWireGuard drops every UDP packet to or from port 51820 in the
+// node's namespace, both ways, as a firewall or a broken uplink would:
+// WireGuard to and from the node stops while its agent keeps talking to
+// its API server (TCP). The returned function lifts it.
+func (n *Node) BlockWireGuard(ctx context.Context) (func() error, error) {
+	rules := `table inet e2e_wg {
+	chain in { type filter hook input priority 0; udp dport 51820 drop; udp sport 51820 drop; }
+	chain out { type filter hook output priority 0; udp dport 51820 drop; udp sport 51820 drop; }
+}
+`
+	if err := nftLoad(ctx, n.NS, rules); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return func() error {
+		if _, err := run(context.Background(), "ip", "netns", "exec", n.NS, "nft", "delete", "table", "inet", "e2e_wg"); err != nil {
+			return fmt.Errorf("node %s: lifting the WireGuard block: %w", n.Name, err)
+		}
+		return nil
+	}, nil
 }
 
 // RouteProtocol is meshlet's routing protocol number (netlinkx).
