@@ -204,7 +204,7 @@ type LeadershipResult struct {
 	// MaxSampledOverlap is the longest run of them (to the next sample).
 	SampledOverlaps, Samples int
 	MaxSampledOverlap        time.Duration
-	Polls, PollErrors       int
+	Polls, PollErrors        int
 	// Changes counts role changes seen, by node.
 	Changes map[string]int
 }

@@ -48,15 +48,15 @@ type NodeSpec struct {
 // on its loopback, a Node object, and (once started) meshlet.
 type Node struct {
 	NodeSpec
-	Cluster  *Cluster
-	NS       string
-	IP       netip.Prefix // underlay address (meshlet's --internal-cidr)
-	PodCIDR  netip.Prefix
-	PodIP    netip.Addr // first address of PodCIDR, on lo: the "pod"
-	Dir      string
-	WGDir    string // bound over /run/wireguard for this node's processes
-	LogPath  string
-	env      *Env
+	Cluster *Cluster
+	NS      string
+	IP      netip.Prefix // underlay address (meshlet's --internal-cidr)
+	PodCIDR netip.Prefix
+	PodIP   netip.Addr // first address of PodCIDR, on lo: the "pod"
+	Dir     string
+	WGDir   string // bound over /run/wireguard for this node's processes
+	LogPath string
+	env     *Env
 
 	mu    sync.Mutex
 	agent *exec.Cmd
