@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 )
 
@@ -349,4 +350,26 @@ func (c *Cluster) Nodes() []*Node {
 		}
 	}
 	return out
+}
+
+// ApplyPeer creates or updates a Kilo Peer with one allowed IP and a
+// public key (a new one when key is ""); it returns the key.
+func (c *Cluster) ApplyPeer(ctx context.Context, name, allowedIP, key string) (string, error) {
+	if key == "" {
+		_, key = NewKeyPair()
+	}
+	return key, c.Apply(ctx, fmt.Sprintf(`{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":%q},
+"spec":{"allowedIPs":[%q],"publicKey":%q}}`, name, allowedIP, key))
+}
+
+// DeletePeer deletes a Kilo Peer.
+func (c *Cluster) DeletePeer(ctx context.Context, name string) error {
+	rc, err := cluster.KiloClient(c.RestConfig())
+	if err != nil {
+		return err
+	}
+	if err := rc.Delete().Resource("peers").Name(name).Do(ctx).Error(); err != nil {
+		return fmt.Errorf("cluster %s: deleting peer %s: %w", c.Name, name, err)
+	}
+	return nil
 }

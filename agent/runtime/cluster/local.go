@@ -76,6 +76,14 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))
 	_, _ = l.meshInf.AddEventHandler(handler(l.onMesh))
 	_, _ = l.secretInf.AddEventHandler(handler(l.onSecret))
+	for kind, inf := range map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf, "clustermeshes": l.meshInf, "secrets": l.secretInf} {
+		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			// The reflector lists again and retries by itself (a 410 Gone
+			// it handles without calling this); nothing is removed
+			// meanwhile: the caches keep their objects.
+			l.log.Debug("local watch failed", "resource", kind, "error", err)
+		})
+	}
 	return l, nil
 }
 
