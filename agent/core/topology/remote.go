@@ -166,10 +166,30 @@ func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 	var groups []*remoteGroup
 	byLocation := map[string]*remoteGroup{}
 	var orphans []*Node
-	wgIPs := map[netip.Addr]string{}
+	leaders := map[string]*Node{}
+	// claims holds, per WireGuard IP, the leader whose claim stands: the
+	// one with the newest last-seen (comparable within one cluster), so a
+	// node that re-numbered after another dropped out is not shadowed by
+	// the dead one's claim while this agent has yet to judge it stale;
+	// between equals, the first segment.
+	claims := map[netip.Addr]*Node{}
+	for _, k := range keys {
+		l := electedWithWireGuardIP(bySeg[k])
+		leaders[k] = l
+		if l == nil {
+			continue
+		}
+		ip := l.WireGuardIP.Addr()
+		if _, in := r.allowed.covering(host(ip)); !in {
+			continue
+		}
+		if c := claims[ip]; c == nil || l.LastSeen.After(c.LastSeen) {
+			claims[ip] = l
+		}
+	}
 	for _, k := range keys {
 		seg := bySeg[k]
-		l := electedWithWireGuardIP(seg)
+		l := leaders[k]
 		if l == nil {
 			orphans = append(orphans, seg...)
 			continue
@@ -180,11 +200,10 @@ func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 			p.reject(ref, "wireguard-ip", ReasonOutsideAllowed, ip.String()+" is outside the cluster's allowedNetworks")
 			continue
 		}
-		if other, dup := wgIPs[ip]; dup {
-			p.reject(ref, "wireguard-ip", ReasonDuplicateWireGuardIP, ip.String()+" already used by node "+other)
+		if c := claims[ip]; c != l {
+			p.reject(ref, "wireguard-ip", ReasonDuplicateWireGuardIP, ip.String()+" already used by node "+c.Name)
 			continue
 		}
-		wgIPs[ip] = l.Name
 		g := &remoteGroup{key: k, leader: l, nodes: seg}
 		groups = append(groups, g)
 		if loc := l.location(p.set); byLocation[loc] == nil || !byLocation[loc].leader.InternalIP.IsValid() && l.InternalIP.IsValid() {

@@ -349,3 +349,31 @@ func TestRemoteSessionProbe(t *testing.T) {
 		t.Errorf("meshlet-run by-1: session probe %v, want none", by.SessionProbe)
 	}
 }
+
+// A remote node that re-numbered once another of its cluster dropped out
+// claims the dead one's WireGuard IP before this agent judges the dead one
+// stale (its last change was heard later than the remote cluster saw it):
+// the claim with the newer last-seen stands, in whichever segment order.
+func TestRemoteDuplicateWireGuardIPNewerClaimStands(t *testing.T) {
+	snap := twoClusters()
+	rc := &snap.Remotes[0]
+	// bx-1 (location x, first by segment) stopped 50 s ago; by-1 took its
+	// WireGuard IP.
+	rc.Nodes[0].LastSeen = now.Add(-50 * time.Second)
+	rc.Nodes[1].LastSeen = now.Add(-50 * time.Second)
+	rc.Nodes[2].WireGuardIP = rc.Nodes[0].WireGuardIP
+	pl := Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if !hasRejection(pl, "cluster-b:Node/bx-1", ReasonDuplicateWireGuardIP) {
+		t.Errorf("bx-1's older claim not rejected: %v", pl.Rejections)
+	}
+	if hasRejection(pl, "cluster-b:Node/by-1", ReasonDuplicateWireGuardIP) {
+		t.Error("by-1's newer claim rejected")
+	}
+	peerByName(t, pl, "by-1")
+	// Equal last-seen: the first segment's claim stands.
+	rc.Nodes[0].LastSeen, rc.Nodes[1].LastSeen = rc.Nodes[2].LastSeen, rc.Nodes[2].LastSeen
+	pl = Compute(snap, selfOf(snap.Nodes[1], "eth0"))
+	if !hasRejection(pl, "cluster-b:Node/by-1", ReasonDuplicateWireGuardIP) || hasRejection(pl, "cluster-b:Node/bx-1", ReasonDuplicateWireGuardIP) {
+		t.Errorf("equal claims: want by-1 rejected, bx-1 kept: %v", pl.Rejections)
+	}
+}
