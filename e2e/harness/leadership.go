@@ -12,12 +12,11 @@ import (
 )
 
 // HandoverWindow is how long two nodes of one location may both be
-// configured as leader before LeadershipMonitor calls it a split. meshlet
-// demotes a leader that steps aside before it releases the Lease, and a
-// dead leader cannot overlap, so the overlap measured is expected to be
-// nil; the window only absorbs what an honest measurement cannot rule
-// out (see LeadershipMonitor).
-const HandoverWindow = time.Second
+// configured as leader before LeadershipMonitor calls it a split: none.
+// meshlet demotes a leader that steps aside before it releases the Lease,
+// a candidate takes an expired Lease only, and a dead leader cannot
+// overlap, so any overlap seen is a split.
+const HandoverWindow time.Duration = 0
 
 // LeadershipMonitor checks, while a scenario runs, that two nodes of one
 // location are never both configured as its leader. "Configured" is
@@ -32,7 +31,7 @@ const HandoverWindow = time.Second
 //
 // The history is exact but self-reported; the samples trust nothing but
 // can miss an overlap shorter than a poll. Overlaps of either kind are
-// reported, and those longer than HandoverWindow fail Check.
+// reported, and any of either kind fails Check.
 type LeadershipMonitor struct {
 	nodes    []*Node
 	interval time.Duration
@@ -257,10 +256,10 @@ func (m *LeadershipMonitor) Result() LeadershipResult {
 	return r
 }
 
-// Check returns an error when leadership split for longer than
-// HandoverWindow, by the histories or by the samples.
+// Check returns an error when leadership split, by the histories (for
+// longer than HandoverWindow) or in any sample.
 func (r LeadershipResult) Check() error {
-	if r.MaxOverlap > HandoverWindow || r.MaxSampledOverlap > HandoverWindow {
+	if r.MaxOverlap > HandoverWindow || r.MaxSampledOverlap > HandoverWindow || r.SampledOverlaps > 0 {
 		return fmt.Errorf("leadership split for %v by the histories, %v by kilo0 samples (the handover window is %v): %s",
 			r.MaxOverlap, r.MaxSampledOverlap, HandoverWindow, strings.Join(r.Overlaps, "; "))
 	}

@@ -1,0 +1,368 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/e2e/harness"
+)
+
+// soakSlots bounds the objects a soak keeps alive of each kind.
+const soakSlots = 6
+
+// soakExpect is what one agent's device must show once a change arrived.
+type soakExpect struct {
+	node *harness.Node
+	key  string
+	want func(p harness.WGPeer, ok bool) bool
+}
+
+// soakSample is one agent's resources at one time.
+type soakSample struct {
+	at                   time.Time
+	rss, goroutines, fds float64
+}
+
+// Scenario 14: a soak of MESHLET_SOAK (e.g. 30m; skipped when unset).
+// Random changes, one every 0.5-3 s — local nodes of new locations added and
+// deleted, remote nodes added, deleted and given a new endpoint, local Peers
+// added, updated and deleted — each awaited on the devices it must reach.
+// Every agent's RSS, goroutines and open files are sampled every 30 s and
+// their slopes reported after a warm-up; a leak (growth well past noise)
+// fails the test, as do a change that never converged, an Event storm and
+// a split leadership of location x.
+func TestSoak(t *testing.T) {
+	d := os.Getenv("MESHLET_SOAK")
+	if d == "" {
+		t.Skip("MESHLET_SOAK unset (e.g. MESHLET_SOAK=30m)")
+	}
+	dur, err := time.ParseDuration(d)
+	must(t, err)
+	env, ctx := newEnv(t)
+	must(t, env.Build(ctx, harness.Small(2, "z", "w")))
+	a, b := env.Cluster("cluster-a"), env.Cluster("cluster-b")
+	x1, x2, z1, w1 := env.Node("a-x1"), env.Node("a-x2"), env.Node("b-z1"), env.Node("b-w1")
+	agents := []*harness.Node{x1, x2, z1, w1}
+	if l := leaderOf(t, ctx, x1, x2); l != x1 {
+		t.Fatalf("leader %s, want a-x1", l.Name)
+	}
+	_, err = x2.WaitReachable(ctx, z1.PodIP, 30*time.Second)
+	must(t, err)
+	eventsBefore := soakEvents(t, ctx, a, b)
+	mon := harness.WatchLeadership(ctx, x1, x2)
+
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("soak for %v, seed %d", dur, seed)
+	// Slots: a live object per slot of each kind, its key.
+	local, remote, peers := map[int]string{}, map[int]string{}, map[int]string{}
+	peerIP := map[int]string{}
+	free := func(m map[int]string) (int, bool) {
+		for i := 0; i < soakSlots; i++ {
+			if _, ok := m[i]; !ok {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	pick := func(m map[int]string) (int, bool) {
+		if len(m) == 0 {
+			return 0, false
+		}
+		ks := make([]int, 0, len(m))
+		for k := range m {
+			ks = append(ks, k)
+		}
+		sort.Ints(ks)
+		return ks[rng.Intn(len(ks))], true
+	}
+	has := func(pod string) func(harness.WGPeer, bool) bool {
+		return func(p harness.WGPeer, ok bool) bool { return ok && contains(p.AllowedIPs, pod) }
+	}
+	gone := func(p harness.WGPeer, ok bool) bool { return !ok }
+
+	// change makes one random change and returns what it did and what the
+	// devices must show; "" when the chosen kind had nothing to do.
+	change := func() (string, []soakExpect, error) {
+		switch rng.Intn(8) {
+		case 0: // a local node of a new location (sorts after x: x keeps its WireGuard IP)
+			i, ok := free(local)
+			if !ok {
+				return "", nil, nil
+			}
+			pod := fmt.Sprintf("10.1.%d.0/24", 200+i)
+			f, err := a.AddFakeNode(ctx, harness.FakeNode{Name: fmt.Sprintf("a-y%d", i), Location: fmt.Sprintf("y%d", i),
+				PodCIDR: netip.MustParsePrefix(pod), Endpoint: fmt.Sprintf("172.20.0.%d:51820", 200+i), WireGuardIP: fmt.Sprintf("100.66.0.%d/24", 100+i)})
+			local[i] = f.PublicKey
+			return "add local node " + f.Name, []soakExpect{{x1, f.PublicKey, has(pod)}, {z1, f.PublicKey, has(pod)}}, err
+		case 1:
+			i, ok := pick(local)
+			if !ok {
+				return "", nil, nil
+			}
+			key := local[i]
+			delete(local, i)
+			a.StopRefreshing(fmt.Sprintf("a-y%d", i))
+			return fmt.Sprintf("delete local node a-y%d", i), []soakExpect{{x1, key, gone}, {z1, key, gone}}, a.DeleteNode(ctx, fmt.Sprintf("a-y%d", i))
+		case 2: // a remote node of a new location (sorts after z)
+			i, ok := free(remote)
+			if !ok {
+				return "", nil, nil
+			}
+			pod := fmt.Sprintf("10.2.%d.0/24", 200+i)
+			f, err := b.AddFakeNode(ctx, harness.FakeNode{Name: fmt.Sprintf("b-zz%d", i), Location: fmt.Sprintf("zz%d", i),
+				PodCIDR: netip.MustParsePrefix(pod), Endpoint: fmt.Sprintf("172.20.0.%d:51820", 220+i), WireGuardIP: fmt.Sprintf("100.66.1.%d/24", 100+i)})
+			remote[i] = f.PublicKey
+			return "add remote node " + f.Name, []soakExpect{{x1, f.PublicKey, has(pod)}}, err
+		case 3:
+			i, ok := pick(remote)
+			if !ok {
+				return "", nil, nil
+			}
+			key := remote[i]
+			delete(remote, i)
+			b.StopRefreshing(fmt.Sprintf("b-zz%d", i))
+			return fmt.Sprintf("delete remote node b-zz%d", i), []soakExpect{{x1, key, gone}}, b.DeleteNode(ctx, fmt.Sprintf("b-zz%d", i))
+		case 4:
+			i, ok := pick(remote)
+			if !ok {
+				return "", nil, nil
+			}
+			ep := fmt.Sprintf("172.20.0.%d:%d", 220+i, 40000+rng.Intn(20000))
+			return fmt.Sprintf("endpoint of b-zz%d", i), []soakExpect{{x1, remote[i], func(p harness.WGPeer, ok bool) bool { return ok && p.Endpoint == ep }}},
+				b.PatchNodeAnnotations(ctx, fmt.Sprintf("b-zz%d", i), map[string]*string{topology.AnnotationClusterMeshEndpoint: &ep})
+		case 5:
+			i, ok := free(peers)
+			if !ok {
+				return "", nil, nil
+			}
+			ip := fmt.Sprintf("10.1.250.%d/32", 1+i)
+			key, err := a.ApplyPeer(ctx, fmt.Sprintf("p%d", i), ip, "")
+			peers[i], peerIP[i] = key, ip
+			return fmt.Sprintf("add Peer p%d", i), []soakExpect{{x1, key, has(ip)}}, err
+		case 6:
+			i, ok := pick(peers)
+			if !ok {
+				return "", nil, nil
+			}
+			ip := fmt.Sprintf("10.1.%d.%d/32", 250+rng.Intn(5), 1+i)
+			if ip == peerIP[i] {
+				return "", nil, nil
+			}
+			_, err := a.ApplyPeer(ctx, fmt.Sprintf("p%d", i), ip, peers[i])
+			peerIP[i] = ip
+			return fmt.Sprintf("update Peer p%d", i), []soakExpect{{x1, peers[i], has(ip)}}, err
+		default:
+			i, ok := pick(peers)
+			if !ok {
+				return "", nil, nil
+			}
+			key := peers[i]
+			delete(peers, i)
+			delete(peerIP, i)
+			return fmt.Sprintf("delete Peer p%d", i), []soakExpect{{x1, key, gone}}, a.DeletePeer(ctx, fmt.Sprintf("p%d", i))
+		}
+	}
+
+	samples := map[string][]soakSample{}
+	sample := func() {
+		for _, n := range agents {
+			m, err := n.Metrics(ctx)
+			if err != nil {
+				t.Errorf("%s metrics: %v", n.Name, err)
+				continue
+			}
+			rss, _ := m.Value("process_resident_memory_bytes")
+			g, _ := m.Value("go_goroutines")
+			fds, _ := m.Value("process_open_fds")
+			samples[n.Name] = append(samples[n.Name], soakSample{time.Now(), rss, g, fds})
+		}
+	}
+	start := time.Now()
+	sample()
+	lastSample := start
+	var lat []time.Duration
+	var failed []string
+	kinds := map[string]int{}
+	for time.Since(start) < dur && ctx.Err() == nil {
+		what, expects, err := change()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if what != "" {
+			kinds[strings.Fields(what)[0]]++
+			began := time.Now()
+			err := harness.Poll(ctx, 30*time.Second, 20*time.Millisecond, what, func() (bool, error) {
+				for _, e := range expects {
+					d, err := e.node.Device()
+					if err != nil || d == nil {
+						return false, err
+					}
+					p, ok := d.Peers[e.key]
+					if !e.want(p, ok) {
+						return false, fmt.Errorf("%s: not yet", e.node.Name)
+					}
+				}
+				return true, nil
+			})
+			if err != nil {
+				failed = append(failed, fmt.Sprintf("%s at %s: %v", what, began.Format("15:04:05"), err))
+			} else {
+				lat = append(lat, time.Since(began))
+			}
+		}
+		if time.Since(lastSample) >= 30*time.Second {
+			sample()
+			lastSample = time.Now()
+		}
+		pace(ctx, 500*time.Millisecond+time.Duration(rng.Int63n(int64(2500*time.Millisecond))))
+	}
+	sample()
+	mon.Stop()
+	lres := mon.Result()
+	eventsAfter := soakEvents(t, ctx, a, b)
+
+	// Slopes after a warm-up of a tenth of the soak (caches filled, the
+	// slots populated), per hour.
+	warm := start.Add(dur / 10)
+	var slopes, leaks []string
+	for _, n := range agents {
+		var s []soakSample
+		for _, x := range samples[n.Name] {
+			if !x.at.Before(warm) {
+				s = append(s, x)
+			}
+		}
+		if len(s) < 3 {
+			continue
+		}
+		rss := slope(s, func(x soakSample) float64 { return x.rss / (1 << 20) })
+		g := slope(s, func(x soakSample) float64 { return x.goroutines })
+		f := slope(s, func(x soakSample) float64 { return x.fds })
+		first, last := s[0], s[len(s)-1]
+		slopes = append(slopes, fmt.Sprintf("%s RSS %.1f→%.1f MiB (%+.2f MiB/h), goroutines %.0f→%.0f (%+.1f/h), open files %.0f→%.0f (%+.1f/h)",
+			n.Name, first.rss/(1<<20), last.rss/(1<<20), rss, first.goroutines, last.goroutines, g, first.fds, last.fds, f))
+		// A leak is growth well past what the number of live objects
+		// explains: each kind stays under soakSlots.
+		if grew(s, func(x soakSample) float64 { return x.goroutines }, 1.25, 20) {
+			leaks = append(leaks, n.Name+" goroutines")
+		}
+		if grew(s, func(x soakSample) float64 { return x.fds }, 1.25, 10) {
+			leaks = append(leaks, n.Name+" open files")
+		}
+		if grew(s, func(x soakSample) float64 { return x.rss }, 1.5, 16<<20) {
+			leaks = append(leaks, n.Name+" RSS")
+		}
+	}
+	evs := eventsAfter.sub(eventsBefore)
+	report(t, "%v of random changes (seed %d): %d changes (%s), %d converged (p50 %v, p99 %v, max %v), %d did not; Events written: %d objects, %d occurrences (%s); %s",
+		dur, seed, len(lat)+len(failed), soakKinds(kinds), len(lat), percentile(lat, 0.5).Round(time.Millisecond),
+		percentile(lat, 0.99).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond), len(failed),
+		evs.objects, evs.count, evs.reasons(), lres)
+	report(t, "resources after a %v warm-up, %d samples per agent: %s", dur/10, len(samples[x1.Name]), strings.Join(slopes, "; "))
+	for _, f := range failed {
+		t.Errorf("not converged: %s", f)
+	}
+	if len(leaks) > 0 {
+		t.Errorf("grew: %s", strings.Join(leaks, ", "))
+	}
+	// No storm: valid changes write no Events; allow one per change.
+	if evs.count > len(lat)+len(failed) {
+		t.Errorf("%d Events for %d changes: %s", evs.count, len(lat)+len(failed), evs.reasons())
+	}
+	must(t, lres.Check())
+}
+
+// slope is the least-squares slope of f over the samples, per hour.
+func slope(s []soakSample, f func(soakSample) float64) float64 {
+	var sx, sy, sxx, sxy float64
+	n := float64(len(s))
+	for _, x := range s {
+		h := x.at.Sub(s[0].at).Hours()
+		y := f(x)
+		sx, sy, sxx, sxy = sx+h, sy+y, sxx+h*h, sxy+h*y
+	}
+	den := n*sxx - sx*sx
+	if den == 0 {
+		return 0
+	}
+	return (n*sxy - sx*sy) / den
+}
+
+// grew reports whether the median of the last three samples exceeds the
+// median of the first three by more than both factor and abs.
+func grew(s []soakSample, f func(soakSample) float64, factor, abs float64) bool {
+	med := func(xs []soakSample) float64 {
+		v := make([]float64, 0, len(xs))
+		for _, x := range xs {
+			v = append(v, f(x))
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	first, last := med(s[:3]), med(s[len(s)-3:])
+	return last > first*factor && last-first > abs
+}
+
+func soakKinds(k map[string]int) string {
+	names := make([]string, 0, len(k))
+	for n := range k {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, n := range names {
+		out = append(out, fmt.Sprintf("%s %d", n, k[n]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// eventTally counts Events in some clusters: objects, occurrences (their
+// count) and occurrences by reason.
+type eventTally struct {
+	objects, count int
+	byReason       map[string]int
+}
+
+func soakEvents(t *testing.T, ctx context.Context, cs ...*harness.Cluster) eventTally {
+	t.Helper()
+	e := eventTally{byReason: map[string]int{}}
+	for _, c := range cs {
+		l, err := c.Admin.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+		must(t, err)
+		for _, ev := range l.Items {
+			n := max(int(ev.Count), 1)
+			e.objects++
+			e.count += n
+			e.byReason[ev.Reason] += n
+		}
+	}
+	return e
+}
+
+func (e eventTally) sub(before eventTally) eventTally {
+	out := eventTally{objects: e.objects - before.objects, count: e.count - before.count, byReason: map[string]int{}}
+	for r, n := range e.byReason {
+		if d := n - before.byReason[r]; d != 0 {
+			out.byReason[r] = d
+		}
+	}
+	return out
+}
+
+func (e eventTally) reasons() string {
+	if len(e.byReason) == 0 {
+		return "none"
+	}
+	return soakKinds(e.byReason)
+}
