@@ -154,7 +154,8 @@ func diagnoseInput(ctx context.Context, src meshSource, cfg config.Config, askAg
 		return diagnose.Input{}, err
 	}
 	snap := snapshot(local, remotes, cfg.Settings())
-	in := diagnose.Input{Cluster: orDefault(cfg.ClusterName, "local"), Snapshot: snap, Plans: map[string]topology.Plan{}, ClockOffset: local.ClockOffset}
+	in := diagnose.Input{Cluster: orDefault(cfg.ClusterName, "local"), Snapshot: snap, Plans: map[string]topology.Plan{}, ClockOffset: local.ClockOffset,
+		LeaderElection: cfg.LeaderElection}
 	r := clustermesh.Resolve(local.Meshes, cfg.ClusterName)
 	seen := map[string]bool{}
 	for _, kc := range r.Kubeconfigs {

@@ -48,6 +48,8 @@ type Input struct {
 	// Agents are the meshlet agents' reports by node; nil when they were
 	// not asked (offline, from dumps).
 	Agents map[string]Agent
+	// LeaderElection is the agents' --leader-election.
+	LeaderElection bool
 }
 
 // Remote is one remote cluster of the accepted ClusterMeshes.
@@ -91,6 +93,7 @@ func Check(in Input) []Finding {
 	ref := reference(in)
 	checkReadiness(in, add)
 	checkLeaders(in, ref, add)
+	checkLeadership(in, add)
 	checkImplementations(in, add)
 	checkRejections(ref, add)
 	checkRemotes(in, add)
@@ -178,6 +181,48 @@ func checkLeaders(in Input, ref topology.Plan, add adder) {
 			parts = append(parts, fmt.Sprintf("%s → %s", segName(s), s.Leader))
 		}
 		add(OK, "leaders", "cluster "+in.Cluster, fmt.Sprintf("%d segments, one leader each, and the nodes agree: %s", len(ref.Segments), strings.Join(parts, ", ")), "")
+	}
+}
+
+// checkLeadership says, per location, whether its leader is the holder of
+// its Lease (failover in seconds, a degraded leader steps aside) or is
+// elected by Kilo's rule alone, and why: a location that also holds kg
+// nodes keeps Kilo's rule, since kg cannot follow a Lease
+// (docs/failover.md#governed).
+func checkLeadership(in Input, add adder) {
+	set := in.Snapshot.Settings
+	if !in.LeaderElection {
+		add(OK, "leadership", "cluster "+in.Cluster, "--leader-election=false: Kilo's rule elects every location's leader (a dead leader is replaced when its last-seen ages out, 60 s)", "")
+		return
+	}
+	byLoc := map[string][]topology.Node{}
+	for _, n := range in.Snapshot.Nodes {
+		if len(topology.NotReady(n, in.Snapshot.Now)) == 0 {
+			loc := topology.NodeLocation(n, set)
+			byLoc[loc] = append(byLoc[loc], n)
+		}
+	}
+	locs := make([]string, 0, len(byLoc))
+	for l := range byLoc {
+		locs = append(locs, l)
+	}
+	sort.Strings(locs)
+	for _, l := range locs {
+		governed, why := topology.Governance(byLoc[l], set)
+		kg, meshlet := false, false
+		for _, n := range byLoc[l] {
+			kg = kg || n.MeshletVersion == ""
+			meshlet = meshlet || n.MeshletVersion != ""
+		}
+		switch {
+		case governed:
+			add(OK, "leadership", "location "+l, "Lease "+topology.LeaseName(l)+": "+why+" (failover in seconds, a degraded leader steps aside)", "")
+		case kg && meshlet:
+			add(Warning, "leadership", "location "+l, why+"; a degraded leader is not replaced (Kilo's rule)",
+				"run meshlet on every node of the location (docs/migration.md) for a Lease: failover in seconds (docs/failover.md#governed)")
+		default:
+			add(OK, "leadership", "location "+l, why, "")
+		}
 	}
 }
 

@@ -130,6 +130,26 @@ func TestCheck(t *testing.T) {
 			want:   []Finding{{Check: "clocks", Severity: Warning, Subject: "node a1", Message: "20s ahead"}},
 		},
 		{
+			name:   "leadership by Lease",
+			change: func(in *Input) { in.LeaderElection = true },
+			want: []Finding{{Check: "leadership", Severity: OK, Subject: "location x", Message: "every node runs meshlet: the holder of the Lease leads"},
+				{Check: "leadership", Severity: OK, Subject: "location y", Message: "kg runs on b1"}},
+			clean: []string{"leadership"},
+		},
+		{
+			name: "location that also holds a kg node keeps Kilo's rule",
+			change: func(in *Input) {
+				in.LeaderElection = true
+				in.Snapshot.Nodes = append(in.Snapshot.Nodes, node("a3", "x", 4, ""))
+			},
+			want: []Finding{{Check: "leadership", Severity: Warning, Subject: "location x", Message: "kg runs on a3 and cannot follow a Lease: Kilo's rule"}},
+		},
+		{
+			name:  "leader election off",
+			want:  []Finding{{Check: "leadership", Severity: OK, Message: "--leader-election=false: Kilo's rule"}},
+			clean: []string{"leadership"},
+		},
+		{
 			name: "rejections in force",
 			change: func(in *Input) {
 				in.Snapshot.Rejections = []topology.Rejection{{Object: topology.ObjectRef{Kind: "Node", Name: "a2"}, Field: "kilo.squat.ai/persistent-keepalive",

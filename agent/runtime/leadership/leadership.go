@@ -104,6 +104,9 @@ type Elector struct {
 	roles     []Role
 	leading   bool
 	haveRole  bool
+	// governance is the location's last logged rule (location, Lease or
+	// Kilo's rule, why).
+	governance string
 }
 
 // Role is one change of this node's role: from At on, it was (Leader) or
@@ -362,7 +365,15 @@ func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, 
 	}
 	e.mu.Lock()
 	e.intent = l
+	g := fmt.Sprint(l.Location, l.Governed, l.Why)
+	logGov := g != e.governance && l.Location != ""
+	e.governance = g
 	e.mu.Unlock()
+	if logGov {
+		// A location that also holds kg nodes keeps Kilo's rule: kg cannot
+		// follow a Lease (docs/failover.md#governed).
+		e.log().Info("location leadership", "location", l.Location, "governed", l.Governed, "lease", e.Namespace+"/"+l.Lease, "why", l.Why)
+	}
 	if l.StepAside != "" {
 		e.stepAsideOnce(ctx, *l)
 	}
