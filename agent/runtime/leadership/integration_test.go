@@ -8,12 +8,16 @@ package leadership
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/apiserver"
@@ -30,6 +35,10 @@ func repoFile(name string) string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "..", name)
 }
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
@@ -61,7 +70,23 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 		}
 	}
 	// The agents' own credentials: the shipped RBAC must allow all of it.
-	agent := kubernetes.NewForConfigOrDie(srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet"))
+	// Each candidate's Lease writes can be made to go unanswered (failWrites).
+	saConfig := srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet")
+	var failWrites sync.Map // node → bool
+	var blocked atomic.Int64
+	agentFor := func(n string) kubernetes.Interface {
+		cfg := rest.CopyConfig(saConfig)
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripper(func(r *http.Request) (*http.Response, error) {
+				if v, _ := failWrites.Load(n); v == true && r.Method != http.MethodGet && strings.Contains(r.URL.Path, "/leases") {
+					blocked.Add(1)
+					return nil, errors.New("injected: the API server did not answer")
+				}
+				return rt.RoundTrip(r)
+			})
+		}
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
 	const lease = "meshlet-leader-x"
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	type cand struct {
@@ -73,7 +98,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	dead := map[string]bool{}
 	for _, n := range []string{"x-1", "x-2", "x-3"} {
 		cctx, ccancel := context.WithCancel(ctx)
-		e := &Elector{Client: agent, Namespace: "kilo-system", Identity: n, Log: log.With("node", n),
+		e := &Elector{Client: agentFor(n), Namespace: "kilo-system", Identity: n, Log: log.With("node", n),
 			Annotations: func(node string) (map[string]string, bool) {
 				o, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 				if err != nil {
@@ -178,6 +203,22 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	if a.Annotations[topology.AnnotationLeader] != topology.LeaderLeaseValue {
 		t.Errorf("x-3 not marked: %v", a.Annotations)
 	}
+	// 5. x-3 dies while x-2's writes go unanswered (an API server
+	// restarting): x-2 finds x-3 expired, fails to take the Lease, reads
+	// it again once the API answers and then takes it.
+	failWrites.Store("x-2", true)
+	mu.Lock()
+	dead["x-3"] = true
+	mu.Unlock()
+	cands["x-3"].cancel()
+	follow("x-2", topology.Leadership{Candidate: true})
+	poll(t, ctx, "x-2 trying to take the Lease", func() bool { return blocked.Load() > 0 })
+	if h, _ := get(); h != "x-3" {
+		t.Errorf("holder %q while x-2's writes fail, want x-3 still", h)
+	}
+	failWrites.Store("x-2", false)
+	poll(t, ctx, "x-2 holding after the API answers again", func() bool { h, _ := get(); return h == "x-2" })
+
 	// Role history: a leader from when its run started, then not.
 	e := &Elector{}
 	t0 := time.Now()

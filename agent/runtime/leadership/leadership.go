@@ -97,6 +97,7 @@ type Elector struct {
 	changedAt time.Time             // when rec was last seen or written
 	broken    bool                  // the watch failed since the last delivery
 	brokenAt  time.Time
+	reread    bool      // broken by a failed write: read the Lease to mend the view
 	freeSince time.Time // when rec was seen free (or absent)
 	renewedAt time.Time // this node's last successful renewal
 	stepAside *topology.StepAside
@@ -164,7 +165,7 @@ func (e *Elector) Watch(name string) {
 		e.cancel()
 	}
 	e.name, e.rec, e.informer, e.held = name, nil, nil, false
-	e.changedAt, e.freeSince = time.Time{}, time.Time{}
+	e.changedAt, e.freeSince, e.reread = time.Time{}, time.Time{}, false
 	if name == "" {
 		e.cancel = nil
 		return
@@ -241,7 +242,7 @@ func (e *Elector) seen(name string, obj any, deleted bool) {
 	} else if e.rec == nil || e.rec.ResourceVersion != l.ResourceVersion || e.broken {
 		e.rec = l.DeepCopy()
 	}
-	e.changedAt, e.broken = now, false
+	e.changedAt, e.broken, e.reread = now, false, false
 	cur := holderOf(e.rec)
 	if cur == "" && (prev != "" || e.freeSince.IsZero()) {
 		e.freeSince = now
@@ -554,6 +555,9 @@ const (
 	renew
 	acquire
 	release
+	// reread: a candidate whose view failed reads the Lease before it may
+	// judge its holder again.
+	reread
 )
 
 // step does what is due and returns when to look again (zero: at the next
@@ -580,6 +584,8 @@ func (e *Elector) step(ctx context.Context) time.Time {
 			break
 		}
 		act = renew
+	case !held && in != nil && in.Candidate && in.Lease == name && e.broken && e.reread:
+		act = reread
 	case !held && in != nil && in.Candidate && in.Lease == name && !e.broken:
 		var since time.Time
 		switch {
@@ -613,7 +619,18 @@ func (e *Elector) step(ctx context.Context) time.Time {
 
 	switch act {
 	case renew:
-		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.stamp(l, now, false) }); err != nil {
+		stamp := func(l *coordinationv1.Lease) { e.stamp(l, now, false) }
+		err := e.write(ctx, name, rec, stamp)
+		if apierrors.IsConflict(err) {
+			// The Lease changed since this node last saw it — often its own
+			// renewal, applied while the answer was lost (an API server
+			// restarting): read it now rather than wait for the watch, and
+			// renew again if this node still holds it.
+			if cur, gerr := e.read(ctx, name); gerr == nil && holderOf(cur) == e.Identity {
+				err = e.write(ctx, name, cur, stamp)
+			}
+		}
+		if err != nil {
 			e.log().Warn("renewing the location Lease", "lease", e.Namespace+"/"+name, "error", err)
 			return now.Add(e.Renew / 4)
 		}
@@ -627,6 +644,16 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.stamp(l, now, true) }); err != nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 				e.log().Warn("taking the location Lease", "lease", e.Namespace+"/"+name, "error", err)
+				// The API did not answer: nothing seen since proves the
+				// holder dead (its renewals may have failed alike, and an
+				// established watch that ends reports nothing). The holder
+				// is presumed alive for a Lease duration from when this
+				// node reads the Lease again.
+				e.mu.Lock()
+				if e.name == name {
+					e.broken, e.brokenAt, e.reread = true, now, true
+				}
+				e.mu.Unlock()
 			}
 			return now.Add(e.Renew / 4)
 		}
@@ -637,6 +664,11 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		e.changed(loc, name, prev, reason, rec)
 		e.notify()
 		return now.Add(e.Renew)
+	case reread:
+		if _, err := e.read(ctx, name); err != nil {
+			return now.Add(e.Renew / 4)
+		}
+		return now
 	case release:
 		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.giveUp(l, now, reason) }); err != nil {
 			e.log().Warn("releasing the location Lease", "lease", e.Namespace+"/"+name, "error", err)
@@ -762,6 +794,24 @@ func setStepAsides(l *coordinationv1.Lease, now time.Time, add map[string]topolo
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[AnnotationStepAsides] = string(b)
+}
+
+// read gets the Lease from the API server and records it as a delivery
+// (seen): a fresh read is as current as the watch. A Lease that does not
+// exist is nil.
+func (e *Elector) read(ctx context.Context, name string) (*coordinationv1.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.Renew*2)
+	defer cancel()
+	l, err := e.Client.CoordinationV1().Leases(e.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		e.seen(name, &coordinationv1.Lease{}, true)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading Lease %s/%s: %w", e.Namespace, name, err)
+	}
+	e.seen(name, l, false)
+	return l, nil
 }
 
 // write creates the Lease (rec nil) or updates rec with mutate applied,
