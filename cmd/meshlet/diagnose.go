@@ -18,6 +18,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/config"
+	"github.com/meshlet/meshlet/agent/runtime/leadership"
 	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
@@ -75,6 +76,7 @@ func newDiagnoseCmd() *cobra.Command {
 	}
 	src.register(c.Flags(), &cfg.Local)
 	cfg.RegisterTopology(c.Flags())
+	registerLeaderElection(c.Flags(), &cfg)
 	c.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status through the API server's pod proxy (needs get on pods/proxy)")
 	return c
@@ -82,7 +84,15 @@ func newDiagnoseCmd() *cobra.Command {
 
 // topologyFlags are the flags that change the topology (leaders, WireGuard
 // IPs, remote clusters), read from the DaemonSet when not given.
-var topologyFlags = []string{"cluster-name", "interface", "port", "subnet", "mesh-granularity", "topology-label", "local", "compatibility", "encapsulate", "service-cidr"}
+var topologyFlags = []string{"cluster-name", "interface", "port", "subnet", "mesh-granularity", "topology-label", "local", "compatibility", "encapsulate", "service-cidr", "leader-election"}
+
+// registerLeaderElection is the agent's --leader-election, for the
+// leadership check (docs/failover.md#governed).
+func registerLeaderElection(fs *pflag.FlagSet, cfg *config.Config) {
+	// The Lease's timing does not matter to the checks; valid values do.
+	cfg.LeaseDuration, cfg.LeaseRenew = leadership.DefaultDuration, leadership.DefaultRenew
+	fs.BoolVar(&cfg.LeaderElection, "leader-election", true, "whether the agents elect each location's leader with a Lease, as meshlet run's flag")
+}
 
 func topologyFlagsSet(fs *pflag.FlagSet) bool {
 	for _, f := range topologyFlags {
@@ -120,6 +130,7 @@ func daemonSetFlags(ctx context.Context, src meshSource, cfg *config.Config) (st
 	fs.ParseErrorsAllowlist.UnknownFlags = true
 	fs.SetOutput(io.Discard)
 	cfg.RegisterTopology(fs)
+	registerLeaderElection(fs, cfg)
 	// Only the topology flags: the others carry $(VAR) references.
 	var keep []string
 	for _, a := range args {
