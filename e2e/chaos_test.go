@@ -30,11 +30,7 @@ func TestLeaderKilledRepeatedly(t *testing.T) {
 	_, err := x2.WaitReachable(ctx, z1.PodIP, 30*time.Second)
 	must(t, err)
 	mon := harness.WatchLeadership(ctx, x1, x2)
-	ping, err := x2.StartPinger(ctx, z1.PodIP, 100*time.Millisecond)
-	must(t, err)
-	must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings answered", func() (bool, error) {
-		return ping.Replied(time.Now().Add(-time.Second)), nil
-	}))
+	ping := startPinging(t, ctx, x2, z1)
 	dp := harness.WatchDataPlane(ctx, 100*time.Millisecond, x1, z1)
 
 	const period = 4 * time.Second
@@ -91,11 +87,7 @@ func TestAPIServerRestartCompacted(t *testing.T) {
 	_, err = x2.WaitReachable(ctx, z1.PodIP, 30*time.Second)
 	must(t, err)
 	mon := harness.WatchLeadership(ctx, x1, x2)
-	ping, err := x2.StartPinger(ctx, z1.PodIP, 100*time.Millisecond)
-	must(t, err)
-	must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings answered", func() (bool, error) {
-		return ping.Replied(time.Now().Add(-time.Second)), nil
-	}))
+	ping := startPinging(t, ctx, x2, z1)
 	dp := harness.WatchDataPlane(ctx, 100*time.Millisecond, x1, x2, z1)
 	nodes, err := a.Admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	must(t, err)

@@ -29,6 +29,17 @@ func awaitReachable(t *testing.T, ctx context.Context, from *harness.Node, dst *
 	return at
 }
 
+// startPinging pings dst's pod from from's at 10/s, once it answers.
+func startPinging(t *testing.T, ctx context.Context, from, dst *harness.Node) *harness.Pinger {
+	t.Helper()
+	p, err := from.StartPinger(ctx, dst.PodIP, 100*time.Millisecond)
+	must(t, err)
+	must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings from "+from.Name+" answered", func() (bool, error) {
+		return p.Replied(time.Now().Add(-time.Second)), nil
+	}))
+	return p
+}
+
 // leaderEvents are the LeaderChanged and LeaderSteppedAside Events of a
 // cluster, oldest first.
 func leaderEvents(t *testing.T, ctx context.Context, c *harness.Cluster) []corev1.Event {
@@ -110,22 +121,19 @@ func TestLeaderFailover(t *testing.T) {
 		must(t, err)
 	}
 	mon := harness.WatchLeadership(ctx, x1, x2, x3)
-	ping, err := x2.StartPinger(ctx, z1.PodIP, 100*time.Millisecond)
-	must(t, err)
-	ping3, err := x3.StartPinger(ctx, z1.PodIP, 100*time.Millisecond)
-	must(t, err)
-	must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings answered", func() (bool, error) {
-		return ping.Replied(time.Now().Add(-time.Second)) && ping3.Replied(time.Now().Add(-time.Second)), nil
-	}))
+	ping, ping3 := startPinging(t, ctx, x2, z1), startPinging(t, ctx, x3, z1)
 
 	off := time.Now()
 	x1.PowerOff()
 	mon.PoweredOff(x1, off)
+	// Replies in flight at the power-off arrive within milliseconds; a
+	// reply 200 ms after it (two pings) went through the next leader.
+	after := off.Add(200 * time.Millisecond)
 	must(t, harness.Poll(ctx, 90*time.Second, 50*time.Millisecond, "a-x2 and a-x3 reaching b-z1 again", func() (bool, error) {
-		return ping.Replied(off) && ping3.Replied(off), nil
+		return ping.Replied(after) && ping3.Replied(after), nil
 	}))
 	tl, tl3 := ping.Stop(), ping3.Stop()
-	took, took3 := tl.FirstReplyAfter(off).Sub(off), tl3.FirstReplyAfter(off).Sub(off)
+	took, took3 := tl.FirstReplyAfter(after).Sub(off), tl3.FirstReplyAfter(after).Sub(off)
 	if l := leaderOf(t, ctx, x2, x3); l != x2 {
 		t.Fatalf("leader %s, want a-x2 (next in Kilo's order)", l.Name)
 	}
@@ -181,11 +189,7 @@ func TestDegradedLeaderStepsAside(t *testing.T) {
 		}))
 	}
 	mon := harness.WatchLeadership(ctx, x1, x2, x3)
-	ping, err := x3.StartPinger(ctx, z1.PodIP, 100*time.Millisecond)
-	must(t, err)
-	must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings answered", func() (bool, error) {
-		return ping.Replied(time.Now().Add(-time.Second)), nil
-	}))
+	ping := startPinging(t, ctx, x3, z1)
 
 	cut := time.Now()
 	lift, err := x1.BlockWireGuard(ctx)

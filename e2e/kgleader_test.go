@@ -21,10 +21,7 @@ import (
 // meshlet diagnose say why.
 func TestKgInLocationKeepsKilosRule(t *testing.T) {
 	env, ctx := newEnv(t)
-	l := harness.Small(2)
-	l.NoMesh = true
-	l.Clusters = l.Clusters[:1]
-	must(t, env.Build(ctx, l))
+	must(t, env.Build(ctx, harness.OneCluster(2)))
 	a := env.Cluster("cluster-a")
 	x1, x2 := env.Node("a-x1"), env.Node("a-x2")
 	if ld := leaderOf(t, ctx, x1, x2); ld != x1 {

@@ -20,10 +20,7 @@ import (
 // repeats the change with --repair-sessions=false.
 func TestMixedClusterWithKg(t *testing.T) {
 	env, ctx := newEnv(t)
-	l := harness.Small(2)
-	l.NoMesh = true
-	l.Clusters = l.Clusters[:1]
-	must(t, env.Build(ctx, l))
+	must(t, env.Build(ctx, harness.OneCluster(2)))
 	a := env.Cluster("cluster-a")
 	kg, err := a.AddKgNode(ctx, "a-kg1", "kg")
 	must(t, err)

@@ -91,48 +91,52 @@ func TestSoak(t *testing.T) {
 	}
 	gone := func(p harness.WGPeer, ok bool) bool { return !ok }
 
+	// addNode adds a node of a new location in a free slot of live: pod
+	// CIDR 10.<net>.(200+slot).0/24, endpoint 172.20.0.(ep+slot), WireGuard
+	// IP 100.66.<wg>.(100+slot); seen by the devices of on.
+	addNode := func(live map[int]string, c *harness.Cluster, prefix, loc string, net, ep, wg int, on ...*harness.Node) (string, []soakExpect, error) {
+		i, ok := free(live)
+		if !ok {
+			return "", nil, nil
+		}
+		pod := fmt.Sprintf("10.%d.%d.0/24", net, 200+i)
+		f, err := c.AddFakeNode(ctx, harness.FakeNode{Name: fmt.Sprintf("%s%d", prefix, i), Location: fmt.Sprintf("%s%d", loc, i),
+			PodCIDR: netip.MustParsePrefix(pod), Endpoint: fmt.Sprintf("172.20.0.%d:51820", ep+i), WireGuardIP: fmt.Sprintf("100.66.%d.%d/24", wg, 100+i)})
+		live[i] = f.PublicKey
+		var exp []soakExpect
+		for _, n := range on {
+			exp = append(exp, soakExpect{n, f.PublicKey, has(pod)})
+		}
+		return "add node " + f.Name, exp, err
+	}
+	// deleteNode deletes a node addNode added, gone from the devices of on.
+	deleteNode := func(live map[int]string, c *harness.Cluster, prefix string, on ...*harness.Node) (string, []soakExpect, error) {
+		i, ok := pick(live)
+		if !ok {
+			return "", nil, nil
+		}
+		key, name := live[i], fmt.Sprintf("%s%d", prefix, i)
+		delete(live, i)
+		c.StopRefreshing(name)
+		var exp []soakExpect
+		for _, n := range on {
+			exp = append(exp, soakExpect{n, key, gone})
+		}
+		return "delete node " + name, exp, c.DeleteNode(ctx, name)
+	}
+
 	// change makes one random change and returns what it did and what the
 	// devices must show; "" when the chosen kind had nothing to do.
 	change := func() (string, []soakExpect, error) {
 		switch rng.Intn(8) {
 		case 0: // a local node of a new location (sorts after x: x keeps its WireGuard IP)
-			i, ok := free(local)
-			if !ok {
-				return "", nil, nil
-			}
-			pod := fmt.Sprintf("10.1.%d.0/24", 200+i)
-			f, err := a.AddFakeNode(ctx, harness.FakeNode{Name: fmt.Sprintf("a-y%d", i), Location: fmt.Sprintf("y%d", i),
-				PodCIDR: netip.MustParsePrefix(pod), Endpoint: fmt.Sprintf("172.20.0.%d:51820", 200+i), WireGuardIP: fmt.Sprintf("100.66.0.%d/24", 100+i)})
-			local[i] = f.PublicKey
-			return "add local node " + f.Name, []soakExpect{{x1, f.PublicKey, has(pod)}, {z1, f.PublicKey, has(pod)}}, err
+			return addNode(local, a, "a-y", "y", 1, 200, 0, x1, z1)
 		case 1:
-			i, ok := pick(local)
-			if !ok {
-				return "", nil, nil
-			}
-			key := local[i]
-			delete(local, i)
-			a.StopRefreshing(fmt.Sprintf("a-y%d", i))
-			return fmt.Sprintf("delete local node a-y%d", i), []soakExpect{{x1, key, gone}, {z1, key, gone}}, a.DeleteNode(ctx, fmt.Sprintf("a-y%d", i))
+			return deleteNode(local, a, "a-y", x1, z1)
 		case 2: // a remote node of a new location (sorts after z)
-			i, ok := free(remote)
-			if !ok {
-				return "", nil, nil
-			}
-			pod := fmt.Sprintf("10.2.%d.0/24", 200+i)
-			f, err := b.AddFakeNode(ctx, harness.FakeNode{Name: fmt.Sprintf("b-zz%d", i), Location: fmt.Sprintf("zz%d", i),
-				PodCIDR: netip.MustParsePrefix(pod), Endpoint: fmt.Sprintf("172.20.0.%d:51820", 220+i), WireGuardIP: fmt.Sprintf("100.66.1.%d/24", 100+i)})
-			remote[i] = f.PublicKey
-			return "add remote node " + f.Name, []soakExpect{{x1, f.PublicKey, has(pod)}}, err
+			return addNode(remote, b, "b-zz", "zz", 2, 220, 1, x1)
 		case 3:
-			i, ok := pick(remote)
-			if !ok {
-				return "", nil, nil
-			}
-			key := remote[i]
-			delete(remote, i)
-			b.StopRefreshing(fmt.Sprintf("b-zz%d", i))
-			return fmt.Sprintf("delete remote node b-zz%d", i), []soakExpect{{x1, key, gone}}, b.DeleteNode(ctx, fmt.Sprintf("b-zz%d", i))
+			return deleteNode(remote, b, "b-zz", x1)
 		case 4:
 			i, ok := pick(remote)
 			if !ok {

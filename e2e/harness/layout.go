@@ -157,6 +157,15 @@ func (e *Env) WaitConverged(ctx context.Context, timeout time.Duration) error {
 	})
 }
 
+// OneCluster is cluster-a of Small alone, without a ClusterMesh: one
+// location x of aNodes nodes.
+func OneCluster(aNodes int) Layout {
+	l := Small(aNodes)
+	l.NoMesh = true
+	l.Clusters = l.Clusters[:1]
+	return l
+}
+
 // Small is a quick mesh for the focused scenarios: cluster-a with one
 // location of aNodes nodes, cluster-b with one node in each of bLocs
 // locations.
