@@ -14,21 +14,6 @@ import (
 	"github.com/meshlet/meshlet/e2e/harness"
 )
 
-// awaitReachable polls, with one ping of up to wait each, until from
-// reaches dst; it returns when it first did.
-func awaitReachable(t *testing.T, ctx context.Context, from *harness.Node, dst *harness.Node, timeout, wait time.Duration, what string) time.Time {
-	t.Helper()
-	var at time.Time
-	must(t, harness.Poll(ctx, timeout, 0, what, func() (bool, error) {
-		if from.Reachable(ctx, dst.PodIP, wait) {
-			at = time.Now()
-			return true, nil
-		}
-		return false, nil
-	}))
-	return at
-}
-
 // startPinging pings dst's pod from from's at 10/s, once it answers.
 func startPinging(t *testing.T, ctx context.Context, from, dst *harness.Node) *harness.Pinger {
 	t.Helper()
