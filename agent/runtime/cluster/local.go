@@ -63,9 +63,13 @@ func NewLocal(o LocalOptions) (*Local, error) {
 		objs:   newObjects(""),
 		meshes: map[string]*clustermesh.ClusterMesh{}, secrets: map[string]map[string][]byte{},
 	}
-	nf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTransform(kilo.TransformNode))
+	wc, err := watchClient(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	nf := informers.NewSharedInformerFactoryWithOptions(wc, 0, informers.WithTransform(kilo.TransformNode))
 	l.nodeInf = nf.Core().V1().Nodes().Informer()
-	sf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithNamespace(o.Namespace),
+	sf := informers.NewSharedInformerFactoryWithOptions(wc, 0, informers.WithNamespace(o.Namespace),
 		informers.WithTransform(transformSecret))
 	l.secretInf = sf.Core().V1().Secrets().Informer()
 	l.peerInf = crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)

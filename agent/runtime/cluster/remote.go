@@ -182,7 +182,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	var client kubernetes.Interface
 	var rc rest.Interface
 	if err == nil {
-		client, err = kubernetes.NewForConfig(cfg)
+		client, err = watchClient(cfg)
 	}
 	if err == nil {
 		rc, err = kiloClient(cfg)
