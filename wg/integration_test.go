@@ -603,33 +603,8 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 			})
 
 			// A pings B every 20 ms; B rewrites its device once.
-			ping := exec.Command("ip", "netns", "exec", p.a.ns, "ping", "-D", "-i0.02", "-W1", "10.4.0.2")
-			out, err := ping.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ping.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = ping.Process.Kill(); _ = ping.Wait() }()
-			replies := make(chan time.Time, 10000)
-			go func() {
-				sc := bufio.NewScanner(out)
-				for sc.Scan() {
-					if strings.Contains(sc.Text(), "bytes from") {
-						replies <- time.Now()
-					}
-				}
-			}()
-			next := func(within time.Duration) (time.Time, bool) {
-				select {
-				case r := <-replies:
-					return r, true
-				case <-time.After(within):
-					return time.Time{}, false
-				}
-			}
-			if _, ok := next(5 * time.Second); !ok {
+			pings := startPinger(t, p.a.ns, "10.4.0.2")
+			if _, ok := pings.next(5 * time.Second); !ok {
 				t.Fatal("no ping replies before the rewrite")
 			}
 			full := wgtypes.Config{ReplacePeers: true, Peers: []wgtypes.PeerConfig{{
@@ -639,19 +614,7 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 				t.Fatal(err)
 			}
 			rewrote := time.Now()
-			for len(replies) > 0 {
-				<-replies
-			}
-			// The first reply to a packet sent after the rewrite: replies
-			// already in flight arrive within one RTT.
-			var resumed time.Time
-			for {
-				r, ok := next(8 * time.Second)
-				if !ok || r.Sub(rewrote) > 100*time.Millisecond {
-					resumed = r
-					break
-				}
-			}
+			resumed := pings.resumedAfter(rewrote, 8*time.Second)
 			switch {
 			case tc.sessions && resumed.IsZero():
 				t.Fatalf("replies did not resume within 8 s of B's rewrite (repairs: %d)", repairs.Load())
@@ -747,5 +710,55 @@ func TestChangeFeed(t *testing.T) {
 	rep, err := mgr.Apply(context.Background(), plan)
 	if err != nil || len(rep.Added) != 1 || rep.Added[0].PublicKey != victim {
 		t.Fatalf("re-apply: %+v %v, want the removed peer back", rep, err)
+	}
+}
+
+// pinger pings from a namespace every 20 ms and timestamps the replies.
+type pinger struct{ replies chan time.Time }
+
+func startPinger(t testing.TB, ns, dst string) *pinger {
+	t.Helper()
+	ping := exec.Command("ip", "netns", "exec", ns, "ping", "-D", "-i0.02", "-W1", dst)
+	out, err := ping.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ping.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ping.Process.Kill(); _ = ping.Wait() })
+	p := &pinger{replies: make(chan time.Time, 10000)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "bytes from") {
+				p.replies <- time.Now()
+			}
+		}
+	}()
+	return p
+}
+
+// next waits for the next reply.
+func (p *pinger) next(within time.Duration) (time.Time, bool) {
+	select {
+	case r := <-p.replies:
+		return r, true
+	case <-time.After(within):
+		return time.Time{}, false
+	}
+}
+
+// resumedAfter is the first reply to a packet sent after at (replies
+// already in flight arrive within one RTT), or zero if none comes within.
+func (p *pinger) resumedAfter(at time.Time, within time.Duration) time.Time {
+	for len(p.replies) > 0 {
+		<-p.replies
+	}
+	for {
+		r, ok := p.next(within)
+		if !ok || r.Sub(at) > 100*time.Millisecond {
+			return r
+		}
 	}
 }

@@ -105,6 +105,9 @@ type Manager struct {
 	resolved []ResolvedPeer
 	// subscribeFn replaces subscribeChanges in tests.
 	subscribeFn func() (*changeSub, error)
+	// handshakes are the peers added since the last InitiateHandshakes that
+	// WireGuard might not reach by itself (handshake.go).
+	handshakes map[wgtypes.Key]struct{}
 }
 
 // NewManager returns a Manager for cfg.Interface.
@@ -182,6 +185,7 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 		}
 	}
 	m.remember(in, rep, d.changed, read, port)
+	m.noteHandshakes(rep.Added)
 
 	if rep.Changed() {
 		m.log.LogAttrs(ctx, slog.LevelInfo, "wireguard peers applied",
