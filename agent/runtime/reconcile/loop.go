@@ -38,8 +38,12 @@ type SelfSource interface {
 }
 
 // WireGuard applies the desired device and reports what it changed.
+// InitiateHandshakes runs after the host is applied (the link up): it greets
+// the peers the apply added, so a session the other side still holds is
+// replaced at once (wg.Manager.InitiateHandshakes).
 type WireGuard interface {
 	Apply(ctx context.Context, dev topology.Device) (Changes, error)
+	InitiateHandshakes(ctx context.Context) (int, error)
 }
 
 // Host applies everything else: link, addresses, routes, rules, tunnel,
@@ -353,6 +357,11 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 		// From the watch event to the data plane written; publishing the
 		// annotations and reporting come after and are not part of it.
 		l.Metrics.Convergence.Observe(l.Clock.Since(first).Seconds())
+	}
+	if len(errs) == 0 {
+		if _, err := l.WireGuard.InitiateHandshakes(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("starting WireGuard handshakes: %w", err))
+		}
 	}
 	patched, err := l.Publisher.Publish(ctx, plan.Annotations)
 	if err != nil {

@@ -43,6 +43,17 @@ type fakeWG struct {
 	done    chan topology.Device
 	// onApply runs inside every apply (a test steps the clock: a slow run).
 	onApply func()
+	// host is the loop's host actuator; greetedAfter records, per
+	// InitiateHandshakes, how many host applies came before it.
+	host         *fakeHost
+	greetedAfter []int
+}
+
+func (f *fakeWG) InitiateHandshakes(context.Context) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.greetedAfter = append(f.greetedAfter, f.host.plans)
+	return 0, nil
 }
 
 func (f *fakeWG) Apply(_ context.Context, d topology.Device) (Changes, error) {
@@ -104,13 +115,14 @@ func newLoop(t testing.TB, now time.Time) (*Loop, *fakeSnap, *fakeWG, *prometheu
 	var k topology.Key
 	k[0] = 1
 	snap := &fakeSnap{snap: topology.Snapshot{Nodes: nodes}, synced: true}
-	wg := &fakeWG{done: make(chan topology.Device, 16)}
+	host := &fakeHost{}
+	wg := &fakeWG{done: make(chan topology.Device, 16), host: host}
 	reg := prometheus.NewRegistry()
 	clk := testingclock.NewFakeClock(now)
 	l := &Loop{
 		Node: "a", Snapshots: snap, Self: fakeSelf{topology.Self{PublicKey: k, DefaultInterface: "eth0",
 			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: nodes[0].InternalIP}}}},
-		WireGuard: wg, Host: &fakeHost{}, Publisher: &fakePub{}, Metrics: metrics.NewAgent(reg),
+		WireGuard: wg, Host: host, Publisher: &fakePub{}, Metrics: metrics.NewAgent(reg),
 		Clock: clk, Debounce: 100 * time.Millisecond, Resync: time.Hour, runDone: make(chan struct{}, 16),
 	}
 	return l, snap, wg, reg, clk
@@ -133,6 +145,10 @@ func TestRunOnceAppliesPlan(t *testing.T) {
 	}
 	if n, _ := testutil.GatherAndCount(reg, "meshlet_convergence_seconds"); n != 1 {
 		t.Errorf("convergence not observed")
+	}
+	// Handshakes start once, after the host (the link up) is applied.
+	if len(wg.greetedAfter) != 1 || wg.greetedAfter[0] != 1 {
+		t.Errorf("InitiateHandshakes after host applies %v, want [1]", wg.greetedAfter)
 	}
 }
 
@@ -157,6 +173,9 @@ func TestApplyErrorNotReady(t *testing.T) {
 	}
 	if l.Ready() || l.LastError() == "" {
 		t.Fatal("ready after a failed apply")
+	}
+	if len(wg.greetedAfter) != 0 {
+		t.Error("handshakes started after a failed apply")
 	}
 	if got := testutil.ToFloat64(l.Metrics.Reconciles.WithLabelValues("error")); got != 1 {
 		t.Errorf("error reconciles = %v", got)
