@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -180,12 +179,15 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		cfg.Timeout = 15 * time.Second
 	}
 	var client kubernetes.Interface
-	var rc rest.Interface
+	var rc, nodes rest.Interface
 	if err == nil {
-		client, err = watchClient(cfg)
+		client, err = kubernetes.NewForConfig(cfg)
 	}
 	if err == nil {
 		rc, err = kiloClient(cfg)
+	}
+	if err == nil {
+		nodes, err = nodeRESTClient(cfg)
 	}
 	w.mu.Lock()
 	w.connectErr = err
@@ -202,9 +204,8 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.cancel = cancel
 	w.mu.Unlock()
 
-	nf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(kilo.TransformNode))
-	nodeInf := nf.Core().V1().Nodes().Informer()
-	peerInf := crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
+	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
 	_, _ = nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
