@@ -32,9 +32,9 @@ var scheme = func() *runtime.Scheme {
 	return s
 }()
 
-// kiloClient is a REST client for kilo.squat.ai/v1alpha1: Peers and
+// KiloClient is a REST client for kilo.squat.ai/v1alpha1: Peers and
 // ClusterMeshes are hand-written types, no generated clientset.
-func kiloClient(cfg *rest.Config) (rest.Interface, error) {
+func KiloClient(cfg *rest.Config) (rest.Interface, error) {
 	c := rest.CopyConfig(cfg)
 	gv := schema.GroupVersion{Group: kilo.GroupName, Version: "v1alpha1"}
 	c.GroupVersion = &gv

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -51,7 +52,7 @@ type LocalOptions struct {
 
 // NewLocal creates the local watcher; Start runs it.
 func NewLocal(o LocalOptions) (*Local, error) {
-	rc, err := kiloClient(o.Config)
+	rc, err := KiloClient(o.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -153,13 +154,31 @@ func (l *Local) onMesh(obj interface{}, deleted bool) {
 		return
 	}
 	l.mu.Lock()
+	old := l.meshes[m.Name]
 	if deleted {
 		delete(l.meshes, m.Name)
 	} else {
 		l.meshes[m.Name] = m
 	}
 	l.mu.Unlock()
+	// A status write (meshstatus) changes nothing the planner reads.
+	if !deleted && old != nil && old.Generation == m.Generation && old.Generation != 0 {
+		return
+	}
 	l.changed()
+}
+
+// Meshes returns the ClusterMeshes of the watched namespace as last seen
+// (shared: read only), sorted by name.
+func (l *Local) Meshes() []*clustermesh.ClusterMesh {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]*clustermesh.ClusterMesh, 0, len(l.meshes))
+	for _, m := range l.meshes {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 func (l *Local) onSecret(obj interface{}, deleted bool) {
