@@ -26,7 +26,7 @@ func codecNodes() []*corev1.Node {
 			Annotations: map[string]string{"kilo.squat.ai/key": "k", "kilo.squat.ai/last-seen": "1800000000",
 				"meshlet.io/version": "v1", "node.alpha.kubernetes.io/ttl": "0", "k8s.io/initial-events-end": "true"},
 			Finalizers:    []string{"example.com/x"},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: "Update", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{}}`)}}},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: "Update", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{}}`)}},
 		},
 		Spec: corev1.NodeSpec{PodCIDR: "10.1.2.0/24", PodCIDRs: []string{"10.1.2.0/24", "fd00::/64"}, ProviderID: "hcloud://1",
 			Taints: []corev1.Taint{{Key: "x", Effect: corev1.TaintEffectNoSchedule}}},
