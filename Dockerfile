@@ -1,37 +1,50 @@
 # syntax=docker/dockerfile:1
-# meshlet node agent image.
+# meshlet node agent image, for users with Docker (buildx):
 #
-#   docker build -t ghcr.io/meshlet/meshlet:dev .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t ghcr.io/meshlet/meshlet:dev .
 #
-# Stage 1: a static binary (CGO_ENABLED=0): no libc coupling with the runtime
-# image, and the same binary the tests and e2e run.
-FROM golang:1.26 AS build
+# The project's own build is `make image` (hack/image/build.sh), which needs
+# no Docker engine; this file builds the same content: the same static
+# binary flags, and the same Debian rootfs from the same script
+# (hack/image/rootfs.sh). hack/image/README.md says what is inside and why.
+# Not built in CI (no Docker engine there).
+
+# Stage 1: a static binary (CGO_ENABLED=0), cross-compiled on the build
+# machine's platform for the target's architecture: no libc coupling with the
+# runtime image, and the same binary the tests and e2e run.
+FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+ARG TARGETARCH
+ARG VERSION=dev
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
-        -o /out/meshlet ./cmd/meshlet
+RUN CGO_ENABLED=0 GOOS=linux GOARCH=${TARGETARCH} go build -trimpath -buildvcs=false \
+        -ldflags "-s -w -buildid= -X main.version=${VERSION}" -o /out/meshlet ./cmd/meshlet
 
-# Stage 2: NOT distroless/static, on purpose. meshlet manages its NAT chains
-# with go-iptables, which executes the iptables/ip6tables(-restore) binaries;
-# distroless has no iptables and no way to add it. debian-slim is the smallest
-# base that ships both backends (iptables-nft and iptables-legacy): meshlet
-# must use the backend the host's kube-proxy/Cilium use, or its rules land in
-# tables nobody evaluates. Nothing else is installed (no shell tools are
-# needed: links, routes, rules and WireGuard go through netlink/wgctrl).
-FROM debian:bookworm-slim
+# Stage 2: the Debian rootfs (iptables with both backends, ca-certificates),
+# unpacked by mmdebstrap for the target's architecture without emulation.
+# Not distroless/static: go-iptables executes the iptables binaries.
+FROM --platform=$BUILDPLATFORM debian:bookworm AS rootfs
+ARG TARGETARCH
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends iptables ca-certificates \
+    && apt-get install -y --no-install-recommends mmdebstrap ca-certificates \
     && rm -rf /var/lib/apt/lists/*
+COPY hack/image/rootfs.sh hack/image/customize.sh /build/
+RUN /build/rootfs.sh "${TARGETARCH}" /rootfs.tar && mkdir /rootfs && tar -xf /rootfs.tar -C /rootfs
+
+FROM scratch
+COPY --from=rootfs /rootfs/ /
 COPY --from=build /out/meshlet /usr/local/bin/meshlet
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # Runs as root: configuring kilo0, routes, rules and iptables in the host's
 # network namespace needs CAP_NET_ADMIN (and CAP_NET_RAW for iptables-legacy)
 # in the init user namespace, and iptables refuses to run as a non-root user
 # even with file capabilities. The DaemonSet runs it privileged, as Kilo's kg,
 # because writing sysctls (ip_forward, rp_filter) needs a writable /proc/sys,
-# with a read-only root filesystem (see manifests/daemonset.yaml).
+# with a read-only root filesystem (see manifests/base/daemonset.yaml).
 USER 0:0
+# Not a shell (there is none): meshlet itself picks the host's iptables
+# backend at start (--iptables-backend=auto).
 ENTRYPOINT ["/usr/local/bin/meshlet"]
 CMD ["run"]

@@ -7,19 +7,22 @@
 
 GO            ?= go
 PKGS          ?= ./...
-# make test: everything but the end-to-end suite (make e2e), the kernel
-# lane's guest program (make e2e-kernel) and the scale lane (make bench-scale).
-TEST_PKGS     ?= $(shell $(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/kernel' -e '/e2e/cmd/' -e '/e2e/scale')
+# make test: everything but the end-to-end suites (make e2e, make e2e-node),
+# the kernel lane's guest program (make e2e-kernel) and the scale lane
+# (make bench-scale).
+TEST_PKGS     ?= $(shell $(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/kernel' -e '/e2e/cmd/' -e '/e2e/node' -e '/e2e/scale')
 BIN           := bin/meshlet
 VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS       := -s -w -X main.version=$(VERSION)
 TEST_TIMEOUT  ?= 30m
 # Real kube-apiserver, kubectl and etcd, built once and cached.
 K8S_BIN       ?= $(shell hack/k8s/ensure.sh)
-# staticcheck and kustomize, pinned in hack/tools and cached the same way.
+# staticcheck, kustomize, helm and crane, pinned in hack/tools and cached the same way.
 TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
+# kubelet, kube-controller-manager, kube-scheduler (hack/node), for make e2e-node.
+NODE_BIN      ?= $(shell hack/k8s/ensure.sh node)
 
-.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel demo clean
+.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image clean
 
 all: build
 
@@ -60,6 +63,13 @@ e2e: build
 	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt'
 	@grep -h 'RESULT' e2e-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
+# Real kubelets + containerd register Ready nodes; meshlet's chart installs
+# the image of make image from a registry (e2e/node/README.md). Root.
+e2e-node: image build
+	hack/install-deps.sh node
+	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) MESHLET_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
+	@grep -h 'RESULT' e2e-node-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
+
 e2e-kernel: build
 	MESHLET_BIN=$(CURDIR)/$(BIN) hack/kernel/run.sh
 
@@ -71,5 +81,12 @@ demo: build
 	$(GO) build -o bin/demo ./e2e/cmd/demo
 	MESHLET_K8S_BIN=$(K8S_BIN) bin/demo --meshlet $(CURDIR)/$(BIN) $(DEMO_ARGS)
 
+# The multi-arch (linux/amd64, linux/arm64) OCI image as a tarball, without a
+# Docker engine: hack/image/README.md.
+IMAGE_TAR     ?= bin/meshlet-image.tar
+image:
+	hack/install-deps.sh image
+	VERSION=$(VERSION) hack/image/build.sh $(IMAGE_TAR)
+
 clean:
-	rm -rf bin e2e-report.txt scale-report.txt
+	rm -rf bin e2e-report.txt e2e-node-report.txt scale-report.txt

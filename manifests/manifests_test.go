@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/e2e/harness"
 )
 
 const ns = "kilo-system"
@@ -82,26 +84,52 @@ func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Un
 func TestKustomizeBuild(t *testing.T) {
 	objs := decode(t, kustomizeBuild(t, "."))
 	want := map[string]string{
-		"Namespace":                "kilo-system",
-		"CustomResourceDefinition": "peers.kilo.squat.ai",
-		"ServiceAccount":           "meshlet",
-		"ClusterRole":              "meshlet",
-		"ClusterRoleBinding":       "meshlet",
-		"Role":                     "meshlet",
-		"RoleBinding":              "meshlet",
-		"DaemonSet":                "meshlet",
-		"Service":                  "meshlet",
-		"PodMonitor":               "meshlet",
-		"PrometheusRule":           "meshlet",
+		"ServiceAccount":     "meshlet",
+		"ClusterRole":        "meshlet",
+		"ClusterRoleBinding": "meshlet",
+		"Role":               "meshlet",
+		"RoleBinding":        "meshlet",
+		"DaemonSet":          "meshlet",
+		"Service":            "meshlet",
 	}
 	for kind, name := range want {
 		if find(objs, kind, name) == nil {
 			t.Errorf("kustomize build: no %s %s", kind, name)
 		}
 	}
-	if find(objs, "CustomResourceDefinition", "clustermeshes.kilo.squat.ai") == nil {
-		t.Error("kustomize build: no ClusterMesh CRD")
+	// Only meshlet's own objects: `kubectl delete -k manifests` must never
+	// delete a namespace, a CRD (with every Peer) or anything that needs the
+	// Prometheus Operator's CRDs.
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace", "CustomResourceDefinition", "PodMonitor", "PrometheusRule":
+			t.Errorf("kustomize build manifests/ holds %s %s: it belongs in a separate component", o.GetKind(), o.GetName())
+		}
 	}
+	if len(objs) != len(want) {
+		t.Errorf("kustomize build manifests/: %d objects, want %d", len(objs), len(want))
+	}
+	for dir, kinds := range map[string][]string{
+		"namespace":  {"Namespace/kilo-system"},
+		"crds":       {"CustomResourceDefinition/peers.kilo.squat.ai", "CustomResourceDefinition/clustermeshes.kilo.squat.ai"},
+		"monitoring": {"PodMonitor/meshlet", "PrometheusRule/meshlet", "ConfigMap/meshlet-dashboard"},
+	} {
+		got := decode(t, kustomizeBuild(t, dir))
+		for _, kn := range kinds {
+			kind, name, _ := strings.Cut(kn, "/")
+			if find(got, kind, name) == nil {
+				t.Errorf("kustomize build %s: no %s", dir, kn)
+			}
+		}
+		if len(got) != len(kinds) {
+			t.Errorf("kustomize build %s: %d objects, want %v", dir, len(got), kinds)
+		}
+	}
+	nsObj := decode(t, kustomizeBuild(t, "namespace"))[0]
+	if l := nsObj.GetLabels()["pod-security.kubernetes.io/enforce"]; l != "privileged" {
+		t.Errorf("namespace label pod-security.kubernetes.io/enforce=%q, want privileged", l)
+	}
+	objs = append(objs, decode(t, kustomizeBuild(t, "monitoring"))...)
 	ds := find(objs, "DaemonSet", "meshlet")
 	if ds == nil {
 		t.FailNow()
@@ -127,6 +155,12 @@ func TestKustomizeBuild(t *testing.T) {
 	if ports[0].(map[string]any)["name"] != port {
 		t.Errorf("PodMonitor port %v, container ports %v", port, ports)
 	}
+	// Its job is the pods' label value "meshlet": the job the agent alerts
+	// of rules.yaml select.
+	jobLabel, _, _ := unstructured.NestedString(pm.Object, "spec", "jobLabel")
+	if podLabels[jobLabel] != "meshlet" {
+		t.Errorf("PodMonitor jobLabel %q gives job %q, the alerts select job=\"meshlet\"", jobLabel, podLabels[jobLabel])
+	}
 
 	remote := decode(t, kustomizeBuild(t, "remote"))
 	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
@@ -148,6 +182,104 @@ func TestPrometheusRuleMatchesRulesFile(t *testing.T) {
 	}
 }
 
+// TestAlertRunbooks: every alert has a runbook_url to its own section of
+// docs/runbooks.md, and every section there belongs to an alert.
+func TestAlertRunbooks(t *testing.T) {
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	mustYAML(t, "monitoring/rules.yaml", &rules)
+	doc, err := os.ReadFile("../docs/runbooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]bool{}
+	for _, l := range strings.Split(string(doc), "\n") {
+		if h, ok := strings.CutPrefix(l, "## "); ok {
+			sections[h] = true
+		}
+	}
+	const base = "https://github.com/meshlet/meshlet/blob/main/docs/runbooks.md#"
+	alerts := map[string]bool{}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts[r.Alert] = true
+			// GitHub's anchor of a heading "## MeshletPeerDown" is its lower case.
+			if want := base + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+				t.Errorf("%s: runbook_url %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
+			}
+			if !sections[r.Alert] {
+				t.Errorf("%s: no section \"## %s\" in docs/runbooks.md", r.Alert, r.Alert)
+			}
+		}
+	}
+	for h := range sections {
+		if !alerts[h] {
+			t.Errorf("docs/runbooks.md has a section %q for no alert", h)
+		}
+	}
+}
+
+// TestDashboardQueries: every panel of the Grafana dashboard has queries,
+// on the dashboard's data source variable, and each is valid PromQL
+// (promtool checks them as recording rules). That they return data on a
+// real mesh is TestAlertsOnPrometheus's part (make e2e).
+func TestDashboardQueries(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		apiserver.SkipOrFail(t, "promtool not installed (apt-get install prometheus): %v", err)
+	}
+	qs, err := harness.DashboardQueries("monitoring/dashboard.json", map[string]string{"node": ".*", "__rate_interval": "5m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type       string         `json:"type"`
+			Title      string         `json:"title"`
+			Datasource map[string]any `json:"datasource"`
+		} `json:"panels"`
+	}
+	b, err := os.ReadFile("monitoring/dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID != "meshlet" {
+		t.Errorf("uid %q, want meshlet (stable links)", d.UID)
+	}
+	for _, p := range d.Panels {
+		if p.Type != "row" && p.Datasource["uid"] != "${datasource}" {
+			t.Errorf("panel %q: data source %v, want the ${datasource} variable", p.Title, p.Datasource)
+		}
+	}
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	for i, q := range qs {
+		e, _ := json.Marshal(q.Expr)
+		fmt.Fprintf(&rules, "      - record: dashboard_query_%d\n        expr: %s\n", i, e)
+	}
+	f := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(f, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Errorf("dashboard queries do not parse: %v\n%s\n%s", err, out, rules.String())
+	}
+	t.Logf("%d queries in %d panels", len(qs), len(d.Panels))
+}
+
 func TestPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
@@ -155,8 +287,8 @@ func TestPromtool(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"check", "rules", "rules.yaml"},
-		// Includes: never-handshaken peers and idle peers without keepalive
-		// do not fire; a keepalive peer with a stale handshake does.
+		// Every alert fires and does not fire; among them a keepalive-250
+		// peer (handshake age past 210 s) and an idle peer never fire.
 		{"test", "rules", "rules_test.yaml"},
 	} {
 		cmd := exec.Command(promtool, args...)
@@ -243,6 +375,9 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	dyn := dynamic.NewForConfigOrDie(admin)
 
 	local := decode(t, kustomizeBuild(t, "."))
+	for _, dir := range []string{"namespace", "crds", "monitoring"} {
+		local = append(local, decode(t, kustomizeBuild(t, dir))...)
+	}
 	remote := decode(t, kustomizeBuild(t, "remote"))
 
 	// Namespaced objects and custom resources can only be dry-run once their

@@ -393,3 +393,50 @@ func BenchmarkReconcileRoutes(b *testing.B) {
 		b.ReportMetric(float64(len(specs)), "routes-changed/op")
 	})
 }
+
+// TestDrift: after an apply the host has no drift; each change made behind
+// meshlet's back shows as one line, and Drift itself changes nothing.
+func TestDrift(t *testing.T) {
+	requireRoot(t)
+	ns := newTestNS(t)
+	ctx := context.Background()
+	if _, err := ns.host.Apply(ctx, leaderSpec()); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := ns.host.Drift(ctx, leaderSpec()); err != nil || d.Changed() {
+		t.Fatalf("drift right after apply: %v (err %v)", d.Lines(), err)
+	}
+	ns.ip(t, "route", "del", "10.2.0.0/24", "dev", "kilo0")
+	ns.ip(t, "route", "add", "10.9.0.0/24", "dev", "kilo0", "proto", "109")
+	ns.ip(t, "rule", "del", "iif", "kilo0", "table", "1107")
+	ns.ip(t, "link", "set", "kilo0", "mtu", "1400")
+	ns.ip(t, "addr", "add", "10.4.0.9/16", "dev", "kilo0")
+	before := ns.ip(t, "route", "show", "table", "all", "proto", "109") + ns.ip(t, "rule", "show")
+
+	d, err := ns.host.Drift(ctx, leaderSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(d.Lines(), "\n")
+	for _, want := range []string{
+		"link kilo0 MTU 1400, plan 1370",
+		"link kilo0 has address 10.4.0.9/16 not in the plan",
+		"route missing or different: 10.2.0.0/24 via 10.4.0.2",
+		"route not in the plan: 10.9.0.0/24",
+		"rule missing: ",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("drift lacks %q:\n%s", want, got)
+		}
+	}
+	if n := len(d.Lines()); n != 5 {
+		t.Errorf("drift has %d lines, want 5:\n%s", n, got)
+	}
+	if after := ns.ip(t, "route", "show", "table", "all", "proto", "109") + ns.ip(t, "rule", "show"); after != before {
+		t.Errorf("Drift changed the host:\nbefore\n%s\nafter\n%s", before, after)
+	}
+	ns.ip(t, "link", "del", "kilo0")
+	if d, err := ns.host.Drift(ctx, leaderSpec()); err != nil || !strings.Contains(strings.Join(d.Lines(), "\n"), "link kilo0 missing") {
+		t.Errorf("deleted link: %v (err %v)", d.Lines(), err)
+	}
+}

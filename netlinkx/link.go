@@ -49,6 +49,26 @@ func DiffAddrs(desired, current []netip.Prefix) (add, del []netip.Prefix) {
 	return add, del
 }
 
+// addrDiff compares the link's addresses with the spec's.
+func (h *Host) addrDiff(link netlink.Link, spec LinkSpec) (add, del []netip.Prefix, err error) {
+	addrs, err := h.nl.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("netlinkx: list addresses of %s: %w", spec.Name, err)
+	}
+	var current []netip.Prefix
+	for _, a := range addrs {
+		if p, ok := prefixOf(a.IPNet); ok {
+			current = append(current, p)
+		}
+	}
+	desired := make([]netip.Prefix, 0, len(spec.Addresses))
+	for _, p := range spec.Addresses {
+		desired = append(desired, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()))
+	}
+	add, del = DiffAddrs(desired, current)
+	return add, del, nil
+}
+
 // EnsureLink sets MTU, addresses and up/down state of an existing link (the
 // wg package creates it). Addresses are added before the link goes up so
 // routes through it can be installed right after.
@@ -70,21 +90,10 @@ func (h *Host) EnsureLink(ctx context.Context, spec LinkSpec) (LinkReport, error
 		rep.MTU, rep.MTUChanged = spec.MTU, true
 	}
 
-	addrs, err := h.nl.AddrList(link, netlink.FAMILY_ALL)
+	add, del, err := h.addrDiff(link, spec)
 	if err != nil {
-		return rep, fmt.Errorf("netlinkx: list addresses of %s: %w", spec.Name, err)
+		return rep, err
 	}
-	var current []netip.Prefix
-	for _, a := range addrs {
-		if p, ok := prefixOf(a.IPNet); ok {
-			current = append(current, p)
-		}
-	}
-	desired := make([]netip.Prefix, 0, len(spec.Addresses))
-	for _, p := range spec.Addresses {
-		desired = append(desired, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()))
-	}
-	add, del := DiffAddrs(desired, current)
 	var errs []error
 	// Add before removing, so the link never loses its last IPv4 address
 	// (the kernel would flush every route through it, kg's too). Deleting a

@@ -74,6 +74,32 @@ type RouteReport struct {
 	Deleted  []string `json:"deleted,omitempty"`
 }
 
+// kernelRoutes resolves the desired routes' devices. Routes whose device
+// does not exist come back apart, with their error (noDevice): for Apply a
+// failure, for Drift a difference.
+func (h *Host) kernelRoutes(desired []Route) (want []kernelRoute, noDevice []routeError, errs []error) {
+	links := map[string]int{}
+	want = make([]kernelRoute, 0, len(desired))
+	for _, r := range desired {
+		s, err := h.routeSpec(r, links)
+		var nf netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &nf):
+			noDevice = append(noDevice, routeError{r, err})
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			want = append(want, s)
+		}
+	}
+	return want, noDevice, errs
+}
+
+type routeError struct {
+	Route
+	err error
+}
+
 // ReconcileRoutes makes meshlet's routes (all tables, IPv4 and IPv6) equal to
 // desired. Errors for single routes are collected; the others still apply.
 func (h *Host) ReconcileRoutes(ctx context.Context, desired []Route) (RouteReport, error) {
@@ -81,16 +107,9 @@ func (h *Host) ReconcileRoutes(ctx context.Context, desired []Route) (RouteRepor
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
-	var errs []error
-	links := map[string]int{}
-	want := make([]kernelRoute, 0, len(desired))
-	for _, r := range desired {
-		s, err := h.routeSpec(r, links)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		want = append(want, s)
+	want, noDevice, errs := h.kernelRoutes(desired)
+	for _, r := range noDevice {
+		errs = append(errs, r.err)
 	}
 	current, err := h.ownRoutes()
 	if err != nil {

@@ -65,8 +65,12 @@ type DeviceConfig struct {
 	// it is started detached, so the device and its sessions outlive a
 	// restart of the caller, as a kernel device does. Empty: the device
 	// runs in this process.
-	Spawn  []string
-	Logger *slog.Logger
+	Spawn []string
+	// WaitExternal, when set, means someone else runs the userspace device
+	// (a sidecar container sharing SocketDir): wait this long for its
+	// socket instead of starting one.
+	WaitExternal time.Duration
+	Logger       *slog.Logger
 }
 
 // Device is an ensured WireGuard device. Close it on shutdown: for the
@@ -104,7 +108,8 @@ var ErrKernelUnsupported = errors.New("kernel WireGuard is not available")
 // device is used (a kernel link, or a TUN with a live UAPI socket, e.g. a
 // sidecar's or a previous agent's); else a kernel device is created unless
 // the mode is userspace; else (auto, userspace) a userspace device is
-// started, in a process of its own when cfg.Spawn is set. It runs in the
+// waited for (cfg.WaitExternal: a sidecar's) or started, in a process of its
+// own when cfg.Spawn is set. It runs in the
 // caller's network namespace (the agent runs with hostNetwork).
 func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 	if cfg.Name == "" {
@@ -172,7 +177,14 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 	if cfg.NetNSPath != "" {
 		return nil, fmt.Errorf("wg: userspace device %s cannot run in namespace %s: run meshlet inside that namespace", cfg.Name, cfg.NetNSPath)
 	}
-	if len(cfg.Spawn) > 0 {
+	switch {
+	case cfg.WaitExternal > 0:
+		if err := waitSocket(ctx, cfg.Name, cfg.WaitExternal); err != nil {
+			return nil, err
+		}
+		log.Info("using the userspace WireGuard device of the sidecar", "interface", cfg.Name)
+		return &Device{Name: cfg.Name, Kind: KindExternal}, nil
+	case len(cfg.Spawn) > 0:
 		if err := spawnUserspace(ctx, cfg.Name, cfg.Spawn, log); err != nil {
 			return nil, err
 		}

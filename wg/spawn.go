@@ -57,6 +57,26 @@ func spawnUserspace(ctx context.Context, iface string, argv []string, log *slog.
 	return nil
 }
 
+// waitSocket waits until the UAPI socket of iface answers (a device another
+// process runs), at most timeout.
+func waitSocket(ctx context.Context, iface string, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !socketLive(iface) {
+		select {
+		case <-deadline.C:
+			return fmt.Errorf("wg: no userspace WireGuard device at %s within %s: is the sidecar running?",
+				filepath.Join(SocketDir, iface+".sock"), timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
 // StopSpawned ends the userspace device process EnsureDevice spawned for
 // iface, if any (`meshlet cleanup`).
 func StopSpawned(iface string) error {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -166,7 +165,7 @@ func planCase(t *testing.T, c compatCase) planOutput {
 	args := append([]string{"--node", c.Node, "--local", in, "--now", newestLastSeen(t, c.Input),
 		"--private-interface", "eth0", "--tunnel-device", tunnel, "-o", "json"}, c.Flags...)
 	var out bytes.Buffer
-	if err := runPlan(context.Background(), args, &out); err != nil {
+	if err := runCmd(append([]string{"plan"}, args...), &out); err != nil {
 		t.Fatalf("meshlet plan %s: %v", strings.Join(args, " "), err)
 	}
 	var pl planOutput

@@ -1,69 +1,106 @@
 // Command meshlet is the node agent that owns Kilo's WireGuard interface on
 // its node and joins several clusters into one mesh.
 //
-//	meshlet run       the agent (DaemonSet)
-//	meshlet plan      the planner on files (kubectl dumps): what a node would do
-//	meshlet cleanup   remove what meshlet installed (uninstall)
+//	meshlet run        the agent (DaemonSet)
+//	meshlet status     what the running agent on this node does
+//	meshlet diagnose   a cluster's mesh, checked from the API
+//	meshlet graph      the mesh as Graphviz dot
+//	meshlet plan       the planner on files (kubectl dumps): what a node would do
+//	meshlet cleanup    remove what meshlet installed (uninstall)
 //	meshlet version
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/spf13/cobra"
 )
 
 // version is set by the build (-X main.version=...).
 var version = "dev"
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, `meshlet — a WireGuard mesh agent for Kilo clusters
+// usageError is a wrong command line (exit status 2); any other error is a
+// failure at run time (exit status 1).
+type usageError struct{ err error }
 
-Usage:
-  meshlet run [flags]        run the node agent
-  meshlet plan [flags]       compute a node's plan from kubectl dumps
-  meshlet cleanup [flags]    remove meshlet's interface, routes, rules and chains
-  meshlet version            print the version
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
 
-Run "meshlet COMMAND -h" for the flags of a command.
-`)
+// usage marks err as a wrong command line.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// newRoot is meshlet's command tree; out and errOut are where commands
+// print (tests pass buffers).
+func newRoot(out, errOut io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "meshlet",
+		Short: "meshlet — a WireGuard mesh agent for Kilo clusters",
+		Long: "meshlet owns Kilo's WireGuard interface on its node, computes the node's state with Kilo's topology rules,\n" +
+			"and joins several clusters into one mesh (README.md).",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(out)
+	root.SetErr(errOut)
+	// A wrong flag is a usage error: one line and a hint, not the whole
+	// usage.
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usage(fmt.Errorf("%w (see '%s --help')", err, c.CommandPath()))
+	})
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDiagnoseCmd(), newGraphCmd(), newPlanCmd(), newCleanupCmd(),
+		newVersionCmd(), newUserspaceDeviceCmd())
+	return root
+}
+
+// execute runs the command line args and returns the exit status; the one
+// error line goes to errOut.
+func execute(ctx context.Context, args []string, out, errOut io.Writer) int {
+	root := newRoot(out, errOut)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	name := "meshlet"
+	if cmd != nil {
+		name = cmd.CommandPath()
+	}
+	fmt.Fprintf(errOut, "%s: %v\n", name, err)
+	var ue usageError
+	if errors.As(err, &ue) || cmd == nil || cmd == root {
+		return 2
+	}
+	return 1
 }
 
 func main() {
-	if len(os.Args) < 2 {
-		usage(os.Stderr)
-		os.Exit(2)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	args := os.Args[2:]
-	switch os.Args[1] {
-	case "run":
-		err = runAgent(ctx, args)
-	case "plan":
-		err = runPlan(ctx, args, os.Stdout)
-	case "cleanup":
-		err = runCleanup(ctx, args)
-	case "version", "--version", "-version":
-		fmt.Println("meshlet", version)
-	case userspaceCommand:
-		err = runUserspaceDevice(ctx, args)
-	case "help", "-h", "--help":
-		usage(os.Stdout)
-	default:
-		fmt.Fprintf(os.Stderr, "meshlet: unknown command %q\n\n", os.Args[1])
-		usage(os.Stderr)
-		os.Exit(2)
-	}
-	if err != nil {
-		slog.Error("meshlet "+os.Args[1]+" failed", "error", err)
-		fmt.Fprintf(os.Stderr, "meshlet %s: %v\n", os.Args[1], err)
-		os.Exit(1)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			fmt.Fprintln(c.OutOrStdout(), "meshlet", version)
+			return nil
+		},
 	}
 }
 

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -15,12 +13,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
+	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
 // localOrFile is plan's --local: the issue's command line uses --local FILE
@@ -39,6 +39,8 @@ func (l *localOrFile) String() string {
 	return l.file
 }
 
+func (l *localOrFile) Type() string { return "FILE|true|false" }
+
 func (l *localOrFile) Set(v string) error {
 	if b, err := strconv.ParseBool(v); err == nil && (v == "true" || v == "false") {
 		*l.routes = b
@@ -51,6 +53,7 @@ func (l *localOrFile) Set(v string) error {
 type remoteFiles map[string]string
 
 func (r remoteFiles) String() string { return fmt.Sprint(map[string]string(r)) }
+func (r remoteFiles) Type() string   { return "CLUSTER=FILE" }
 func (r remoteFiles) Set(v string) error {
 	name, file, ok := strings.Cut(v, "=")
 	if !ok || name == "" || file == "" {
@@ -60,41 +63,59 @@ func (r remoteFiles) Set(v string) error {
 	return nil
 }
 
-// runPlan is the planner on files: what would meshlet do on node --node?
-func runPlan(_ context.Context, args []string, stdout io.Writer) error {
-	cfg := config.Config{Local: true}
-	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	localFlag := &localOrFile{routes: &cfg.Local}
-	fs.Var(localFlag, "local", "the local cluster's dump: output of `kubectl get nodes,peers.kilo.squat.ai,clustermeshes -A -o yaml` (required; - = stdin).\n"+
-		"--local=true|false sets kg's --local (routes inside a location) as for the agent")
-	cfg.RegisterTopology(fs)
-	nodeName := fs.String("node", "", "the node to plan for (required)")
-	localFile := &localFlag.file
-	remotes := remoteFiles{}
-	fs.Var(remotes, "remote", "a remote cluster's dump, CLUSTER=FILE (repeatable)")
-	output := fs.String("o", "text", "output: json, yaml or text")
-	privateIP := fs.String("private-ip", "", "this node's private IP as a CIDR (default: its internal-ip annotation)")
-	privateIface := fs.String("private-interface", "eth0", "this node's underlay interface")
-	ciliumHost := fs.String("cilium-host-ip", "", "this node's cilium_host address (default: its cni-compatibility-ip annotation)")
-	tunnel := fs.String("tunnel-device", "", `IPIP device present on the node: cilium_tunl, tunl0 or "" (none yet)`)
-	nowFlag := fs.String("now", "", "the time to plan at, RFC 3339 or unix seconds (default: the newest last-seen in the local file, so a dump plans as it was taken)")
-	if err := fs.Parse(args); err != nil {
-		return err
+// planFlags are `meshlet plan`'s own flags (the topology flags are the
+// agent's).
+type planFlags struct {
+	cfg                                      config.Config
+	local                                    localOrFile
+	node, output, iface, cilium, tunnel, now string
+	remotes                                  remoteFiles
+}
+
+// newPlanCmd is `meshlet plan`: the planner on files, what would meshlet do
+// on node --node?
+func newPlanCmd() *cobra.Command {
+	f := &planFlags{cfg: config.Config{Local: true}, remotes: remoteFiles{}}
+	f.local.routes = &f.cfg.Local
+	c := &cobra.Command{
+		Use:   "plan --node NAME --local FILE [--remote CLUSTER=FILE ...]",
+		Short: "Compute a node's plan from kubectl dumps (what meshlet would do there)",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return runPlan(c, f)
+		},
 	}
-	if *nodeName == "" {
-		return errors.New("--node is required")
+	fs := c.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&f.node, "node", "", "the node to plan for (required)")
+	fs.Var(&f.local, "local", "the local cluster's dump: output of `kubectl get nodes,peers.kilo.squat.ai,clustermeshes -A -o yaml` (required; - = stdin); --local=true|false sets kg's --local (routes inside a location) as for the agent")
+	fs.Var(f.remotes, "remote", "a remote cluster's dump, CLUSTER=FILE (repeatable)")
+	fs.StringVarP(&f.output, "output", "o", "text", "output: json, yaml or text")
+	f.cfg.RegisterTopology(fs)
+	fs.StringVar(&f.iface, "private-interface", "eth0", "this node's underlay interface (it holds the default route)")
+	fs.StringVar(&f.cilium, "cilium-host-ip", "", "this node's cilium_host address (default: its cni-compatibility-ip annotation)")
+	fs.StringVar(&f.tunnel, "tunnel-device", "", `IPIP device present on the node: cilium_tunl, tunl0 or "" (none yet)`)
+	fs.StringVar(&f.now, "now", "", "the time to plan at, RFC 3339 or unix seconds (default: the newest last-seen in the local file, so a dump plans as it was taken)")
+	return c
+}
+
+func runPlan(c *cobra.Command, f *planFlags) error {
+	cfg, stdout := f.cfg, c.OutOrStdout()
+	switch {
+	case f.node == "":
+		return usage(errors.New("--node is required"))
+	case f.local.file == "":
+		return usage(errors.New("--local is required"))
 	}
-	if *localFile == "" {
-		return errors.New("--local is required")
-	}
-	switch *output {
+	switch f.output {
 	case "json", "yaml", "text":
 	default:
-		return fmt.Errorf("-o: %q must be json, yaml or text", *output)
+		return usage(fmt.Errorf("--output: %q must be json, yaml or text", f.output))
 	}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid flags:\n%w", err)
+		return usage(fmt.Errorf("invalid flags: %w", err))
 	}
+	localFile, remotes, nodeName, output := &f.local.file, f.remotes, &f.node, &f.output
 	local, err := readObjectsFile(*localFile)
 	if err != nil {
 		return err
@@ -107,12 +128,10 @@ func runPlan(_ context.Context, args []string, stdout io.Writer) error {
 	}
 	snap := cluster.Snapshot(local, rem, cfg.ClusterName)
 	snap.Settings = cfg.Settings()
-	if snap.Now, err = planTime(*nowFlag, snap.Nodes); err != nil {
-		return err
+	if snap.Now, err = planTime(f.now, snap.Nodes); err != nil {
+		return usage(err)
 	}
-	portSet := false
-	fs.Visit(func(f *flag.Flag) { portSet = portSet || f.Name == "port" })
-	self, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, portSet, *privateIP, *privateIface, *ciliumHost, *tunnel)
+	self, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, c.Flags().Changed("port"), f.iface, f.cilium, f.tunnel)
 	if err != nil {
 		return err
 	}
@@ -177,9 +196,10 @@ func planTime(v string, nodes []topology.Node) (time.Time, error) {
 // what the dump says of it: its internal-ip and its endpoint's IP on the
 // private interface (which holds the default route), its
 // cni-compatibility-ip as cilium_host's address, and its
-// discovered-endpoints as what its device learned. Flags override. Unless
+// discovered-endpoints as what its device learned. --cilium-host-ip
+// overrides; --private-ip and --internal-cidr act as for the agent. Unless
 // --port is given, the listen port is its endpoint's.
-func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, portSet bool, priv, iface, cilium, tunnel string) (topology.Self, error) {
+func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, portSet bool, iface, cilium, tunnel string) (topology.Self, error) {
 	self := topology.Self{Name: name, DefaultInterface: iface, TunnelDevice: tunnel}
 	var n *topology.Node
 	for i := range nodes {
@@ -205,18 +225,12 @@ func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, po
 	for k, ep := range n.DiscoveredEndpoints {
 		self.Device = append(self.Device, topology.DevicePeer{PublicKey: k, Endpoint: ep, Handshake: true})
 	}
-	for _, f := range []struct {
-		flag, v string
-		dst     *netip.Prefix
-	}{{"private-ip", priv, &set.PrivateIP}, {"cilium-host-ip", cilium, &self.CiliumHostIP}} {
-		if f.v == "" {
-			continue
-		}
-		p, err := kilo.ParsePrefix(f.v)
+	if cilium != "" {
+		p, err := kilo.ParsePrefix(cilium)
 		if err != nil {
-			return self, fmt.Errorf("--%s: %w", f.flag, err)
+			return self, usage(fmt.Errorf("--cilium-host-ip: %w", err))
 		}
-		*f.dst = p
+		self.CiliumHostIP = p
 	}
 	return self, nil
 }
@@ -255,20 +269,8 @@ func printPlan(w io.Writer, p topology.Plan, now time.Time) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", peer.Name, peer.Kind, orDash(peer.Cluster), ep, ka, joinPrefixes(peer.AllowedIPs))
 	}
-	fmt.Fprintln(tw, "\nROUTES\nDESTINATION\tGATEWAY\tDEVICE\tSOURCE\tTABLE\tONLINK")
-	for _, r := range p.Routes {
-		table := "main"
-		if r.Table != 0 {
-			table = strconv.Itoa(r.Table)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\n", r.Dst, addrOrDash(r.Gw), r.Dev, addrOrDash(r.Src), table, r.OnLink)
-	}
-	if len(p.Rules) > 0 {
-		fmt.Fprintln(tw, "\nRULES\nIIF\tFROM\tTO\tTABLE")
-		for _, r := range p.Rules {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", orDash(r.Iif), prefixOrDash(r.Src), prefixOrDash(r.Dst), r.Table)
-		}
-	}
+	fmt.Fprintln(tw, "\nROUTES AND RULES")
+	status.WriteRoutes(tw, p.Routes, p.Rules)
 	if p.Tunnel.Name != "" {
 		create := ""
 		if p.Tunnel.Create {
@@ -285,12 +287,7 @@ func printPlan(w io.Writer, p topology.Plan, now time.Time) error {
 	for _, k := range keys {
 		fmt.Fprintf(tw, "%s\t%s\n", k, orDash(p.Annotations[k]))
 	}
-	if len(p.Rejections) > 0 {
-		fmt.Fprintln(tw, "\nREJECTED\nOBJECT\tFIELD\tREASON\tMESSAGE")
-		for _, r := range p.Rejections {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Object, orDash(r.Field), r.Reason, r.Message)
-		}
-	}
+	status.WriteRejections(tw, p.Rejections)
 	return tw.Flush()
 }
 
@@ -306,13 +303,6 @@ func prefixOrDash(p netip.Prefix) string {
 		return "-"
 	}
 	return p.String()
-}
-
-func addrOrDash(a netip.Addr) string {
-	if !a.IsValid() {
-		return "-"
-	}
-	return a.String()
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

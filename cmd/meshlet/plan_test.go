@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -15,7 +14,7 @@ import (
 func planJSON(t *testing.T, args ...string) map[string]any {
 	t.Helper()
 	var out bytes.Buffer
-	if err := runPlan(context.Background(), append(args, "-o", "json"), &out); err != nil {
+	if err := runCmd(append([]string{"plan"}, append(args, "-o", "json")...), &out); err != nil {
 		t.Fatal(err)
 	}
 	var m map[string]any
@@ -98,7 +97,7 @@ func TestPlanNonLeaderCiliumFlags(t *testing.T) {
 
 func TestPlanTextAndErrors(t *testing.T) {
 	var out bytes.Buffer
-	if err := runPlan(context.Background(), []string{"--node", "a-1", "--local", "testdata/cluster-a.yaml"}, &out); err != nil {
+	if err := runCmd(append([]string{"plan"}, []string{"--node", "a-1", "--local", "testdata/cluster-a.yaml"}...), &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"leader (kilo0 up with 10.4.0.1/16)", "25s (peer-spec)", "REJECTED", "location:nbg1"} {
@@ -114,7 +113,7 @@ func TestPlanTextAndErrors(t *testing.T) {
 		{"--node", "a-1", "--local", "testdata/cluster-a.yaml", "-o", "xml"},
 		{"--node", "a-1", "--local", "testdata/missing.yaml"},
 	} {
-		if err := runPlan(context.Background(), args, &bytes.Buffer{}); err == nil {
+		if err := runCmd(append([]string{"plan"}, args...), &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: no error", args)
 		}
 	}
@@ -139,7 +138,7 @@ func TestPlanGolden(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			if err := runPlan(context.Background(), append(tc.args, "-o", "json"), &out); err != nil {
+			if err := runCmd(append([]string{"plan"}, append(tc.args, "-o", "json")...), &out); err != nil {
 				t.Fatal(err)
 			}
 			path := filepath.Join("testdata", "golden", tc.name+".json")

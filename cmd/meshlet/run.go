@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -22,6 +23,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
+	"github.com/meshlet/meshlet/xtables"
 )
 
 func hostname(flagValue string) (string, error) {
@@ -44,18 +46,36 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
 }
 
-// runAgent is `meshlet run`: the real data plane around the agent.
-func runAgent(ctx context.Context, args []string) error {
+// newRunCmd is `meshlet run`: the agent.
+func newRunCmd() *cobra.Command {
 	var cfg config.Config
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var iptBackend, userspaceDevice string
+	c := &cobra.Command{
+		Use:   "run",
+		Short: "Run the node agent (the DaemonSet's command)",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := cfg.Validate(); err != nil {
+				return usage(fmt.Errorf("invalid flags: %w", err))
+			}
+			if userspaceDevice != userspaceChild && userspaceDevice != userspaceSidecar {
+				return usage(fmt.Errorf("--userspace-device: %q must be child or sidecar", userspaceDevice))
+			}
+			return runAgent(c.Context(), cfg, iptBackend, userspaceDevice)
+		},
+	}
+	fs := c.Flags()
+	fs.SortFlags = false
 	cfg.RegisterTopology(fs)
 	cfg.RegisterAgent(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid flags:\n%w", err)
-	}
+	registerIptablesBackend(fs, &iptBackend)
+	fs.StringVar(&userspaceDevice, "userspace-device", userspaceChild,
+		"who runs a userspace WireGuard device: child (meshlet starts it as a detached process) or sidecar (another container runs `meshlet wireguard-userspace`, sharing /var/run/wireguard; meshlet waits for its socket)")
+	return c
+}
+
+// runAgent is the real data plane around the agent.
+func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevice string) error {
 	name, err := hostname(cfg.Hostname)
 	if err != nil {
 		return fmt.Errorf("finding this node's name: %w", err)
@@ -72,7 +92,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if created {
 		log.Info("generated a new WireGuard key", "file", cfg.KeyFile)
 	}
-	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, log)
+	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, userspaceDevice, log)
 	if err != nil {
 		return fmt.Errorf("WireGuard device %s: %w", cfg.Interface, err)
 	}
@@ -84,6 +104,9 @@ func runAgent(ctx context.Context, args []string) error {
 	defer wgc.Close()
 	mgr, err := wg.NewManager(wg.Config{Interface: cfg.Interface, PrivateKey: priv, Client: wgc, Logger: log})
 	if err != nil {
+		return err
+	}
+	if _, err := xtables.Select(ctx, iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
 		return err
 	}
 	host, err := netlinkx.New(netlinkx.Options{Logger: log})
@@ -120,7 +143,7 @@ func runAgent(ctx context.Context, args []string) error {
 	facts := &node.Facts{Host: host, WireGuard: mgr, Version: version, HostnameAddrs: hostnameAddrs(ctx, log)}
 	agent, err := runner.New(runner.Options{
 		Config: cfg, Node: name, RestConfig: rc, WireGuard: &node.WireGuard{Manager: mgr}, Host: &node.Host{Host: host},
-		Self: facts, HostEvents: changes, Registry: reg, Log: log,
+		Self: facts, HostEvents: changes, Registry: reg, Log: log, Version: version,
 	})
 	if err != nil {
 		return err
@@ -128,6 +151,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if _, err := agent.Serve(ctx, cfg.Listen); err != nil {
 		return err
 	}
+	go cleanupKiloWhenReady(ctx, agent.Loop.Ready, host, log)
 	err = agent.Run(ctx)
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
 	log.Info("meshlet stopped; data plane left in place")
@@ -153,6 +177,21 @@ func hostnameAddrs(ctx context.Context, log *slog.Logger) []netip.Addr {
 		addrs[i] = addrs[i].Unmap()
 	}
 	return addrs
+}
+
+// registerIptablesBackend adds --iptables-backend (run and cleanup must
+// agree on it: the chains live in one backend).
+func registerIptablesBackend(fs *pflag.FlagSet, v *string) {
+	fs.StringVar(v, "iptables-backend", xtables.ModeAuto,
+		"iptables backend: auto (the host's: kubelet's hint chain, else the one holding rules; in meshlet's image), nft, legacy, or system (the iptables in PATH)")
+}
+
+// noArgs refuses positional arguments as a usage error.
+func noArgs(c *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usage(fmt.Errorf("unexpected argument %q (see '%s --help')", args[0], c.CommandPath()))
+	}
+	return nil
 }
 
 // How often the WireGuard device is read (wg.WatchOptions): without a

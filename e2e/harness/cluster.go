@@ -47,7 +47,7 @@ type Cluster struct {
 	Server *apiserver.Server
 	Admin  kubernetes.Interface
 	// AgentKubeconfig is the kubeconfig of meshlet's ServiceAccount
-	// (manifests/rbac.yaml), used by every meshlet of this cluster.
+	// (manifests/base/rbac.yaml), used by every meshlet of this cluster.
 	AgentKubeconfig string
 	// RemoteKubeconfig is a kubeconfig of the read-only ServiceAccount of
 	// manifests/remote/rbac.yaml: what other clusters' Secrets hold.
@@ -80,8 +80,8 @@ func (e *Env) AddCluster(ctx context.Context, spec ClusterSpec) (*Cluster, error
 		return nil, err
 	}
 	root := repoRoot()
-	for _, f := range []string{"manifests/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
-		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/rbac.yaml", "manifests/remote/rbac.yaml"} {
+	for _, f := range []string{"manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
+		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/base/rbac.yaml", "manifests/remote/rbac.yaml"} {
 		if _, err := apiserver.ApplyFile(ctx, admin, filepath.Join(root, f), apiserver.ApplyOptions{}); err != nil {
 			return nil, fmt.Errorf("cluster %s: applying %s: %w", spec.Name, f, err)
 		}

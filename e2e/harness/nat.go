@@ -68,10 +68,8 @@ func (e *Env) AddRouter(ctx context.Context, name string) (*Router, error) {
 			return nil, err
 		}
 	}
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", r.NS, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(natRules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("router %s: nft: %w: %s", name, err, out)
+	if err := nftLoad(ctx, r.NS, natRules); err != nil {
+		return nil, fmt.Errorf("router %s: %w", name, err)
 	}
 	// The conntrack sysctls exist once the ruleset above loaded conntrack.
 	for k, v := range map[string]string{

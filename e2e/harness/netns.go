@@ -41,6 +41,16 @@ func nsExec(ctx context.Context, ns string, args ...string) (string, error) {
 	return run(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
 }
 
+// nftLoad loads an nftables ruleset (nft -f syntax) inside a namespace.
+func nftLoad(ctx context.Context, ns, rules string) error {
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft in %s: %w: %s", ns, err, out)
+	}
+	return nil
+}
+
 // sysctl sets a sysctl inside a namespace.
 func sysctl(ctx context.Context, ns, key, value string) error {
 	_, err := nsExec(ctx, ns, "sysctl", "-qw", key+"="+value)

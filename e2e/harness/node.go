@@ -462,6 +462,22 @@ func (n *Node) WaitReachable(ctx context.Context, dst netip.Addr, timeout time.D
 	return time.Since(start), err
 }
 
+// CutUDP drops every UDP packet between the node and addr, in the node's
+// namespace, as a firewall or a broken path would: WireGuard to and from
+// that address stops, everything else (the API servers over the loopback
+// forwards, other peers) keeps working. It lasts as long as the node.
+func (n *Node) CutUDP(ctx context.Context, addr netip.Addr) error {
+	rules := fmt.Sprintf(`table inet e2e_cut {
+	chain in { type filter hook input priority 0; ip saddr %[1]s meta l4proto udp drop; }
+	chain out { type filter hook output priority 0; ip daddr %[1]s meta l4proto udp drop; }
+}
+`, addr)
+	if err := nftLoad(ctx, n.NS, rules); err != nil {
+		return fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return nil
+}
+
 // RouteProtocol is meshlet's routing protocol number (netlinkx).
 const RouteProtocol = "109"
 

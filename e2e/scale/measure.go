@@ -117,7 +117,8 @@ func share(a, b sample) float64 {
 }
 
 // watches counts an API server's open watches by resource
-// (apiserver_longrunning_requests{verb="WATCH"}).
+// (apiserver_longrunning_requests{verb="WATCH"}), and the watch requests
+// made so far ("requests:RESOURCE", apiserver_request_total).
 func watches(ctx context.Context, admin kubernetes.Interface) (map[string]int, error) {
 	raw, err := admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
@@ -136,6 +137,12 @@ func watches(ctx context.Context, admin kubernetes.Interface) (map[string]int, e
 	for _, m := range f.Metric {
 		if label(m, "verb") == "WATCH" {
 			out[label(m, "resource")] += int(m.GetGauge().GetValue())
+		}
+	}
+	// Watch requests ever made, to see watches re-established.
+	for _, m := range fams["apiserver_request_total"].GetMetric() {
+		if label(m, "verb") == "WATCH" {
+			out["requests:"+label(m, "resource")] += int(m.GetCounter().GetValue())
 		}
 	}
 	return out, nil

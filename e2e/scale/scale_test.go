@@ -262,7 +262,9 @@ func TestScale(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		perWatch[rc.Name] = fmt.Sprintf("nodes %d, peers %d", w["nodes"]-baseline[rc.Name]["nodes"], w["peers"]-baseline[rc.Name]["peers"])
+		b := baseline[rc.Name]
+		perWatch[rc.Name] = fmt.Sprintf("nodes %d, peers %d open; %d node and %d peer watch requests since meshlet started",
+			w["nodes"]-b["nodes"], w["peers"]-b["peers"], w["requests:nodes"]-b["requests:nodes"], w["requests:peers"]-b["requests:peers"])
 	}
 	stopChurn()
 	beating.Wait()

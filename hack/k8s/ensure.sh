@@ -2,8 +2,10 @@
 # Builds (once) and prints the directory holding the test binaries.
 #
 #   hack/k8s/ensure.sh          -> dir with kube-apiserver, kubectl, etcd
-#   hack/k8s/ensure.sh tools    -> dir with staticcheck, kustomize
-#   hack/k8s/ensure.sh all      -> builds both, prints the k8s dir then the tools dir
+#   hack/k8s/ensure.sh tools    -> dir with staticcheck, kustomize, helm, crane
+#   hack/k8s/ensure.sh node     -> dir with kubelet, kube-controller-manager, kube-scheduler
+#                                  (hack/node: make e2e-node)
+#   hack/k8s/ensure.sh all      -> builds k8s and tools, prints the k8s dir then the tools dir
 #   eval "$(hack/k8s/ensure.sh --export)"  -> exports MESHLET_K8S_BIN (and MESHLET_TOOLS_BIN)
 #
 # Only the directory is printed on stdout; progress goes to stderr.
@@ -11,6 +13,7 @@
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/meshlet/
 #   k8s-<kubernetes version>-<sha256 of hack/k8s/go.sum + hack/k8s/etcd/go.sum, 12 hex>/
 #   tools-<sha256 of hack/tools/go.sum, 12 hex>/
+#   node-<kubernetes version>-<sha256 of hack/node/go.sum, 12 hex>/
 # A changed go.sum gives a new directory, so a stale binary is never reused.
 # Each directory is built into a temporary sibling and renamed into place, so
 # a killed build never leaves a half-filled directory behind; concurrent callers
@@ -36,11 +39,14 @@ hash_of() { cat "$@" | sha256sum | cut -c1-12; }
 
 k8s_dir="$cache_root/k8s-$k8s_version-$(hash_of "$here/go.sum" "$here/etcd/go.sum")"
 tools_dir="$cache_root/tools-$(hash_of "$repo/hack/tools/go.sum")"
+node_dir="$cache_root/node-$k8s_version-$(hash_of "$repo/hack/node/go.sum")"
+
+# The version kubernetes' own release build stamps into its binaries.
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
+k8s_ldflags="$k8s_ldflags -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 
 build_k8s() { # $1: temp dir to fill
-	local out=$1 ld
-	ld="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
-	ld="$ld -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+	local out=$1 ld=$k8s_ldflags
 	echo "ensure.sh: building kube-apiserver and kubectl $k8s_version (cold: 7-12 min) ..." >&2
 	(cd "$here" && go build -trimpath -ldflags "$ld" -o "$out/" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl)
@@ -51,13 +57,31 @@ build_k8s() { # $1: temp dir to fill
 	"$out/etcd" --version >&2
 }
 
+build_node() { # $1: temp dir to fill
+	local out=$1 ld=$k8s_ldflags
+	echo "ensure.sh: building kubelet, kube-controller-manager, kube-scheduler $k8s_version (cold: 5-10 min) ..." >&2
+	(cd "$repo/hack/node" && go build -trimpath -ldflags "$ld" -o "$out/" \
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kube-scheduler)
+	"$out/kubelet" --version >&2
+}
+
 build_tools() {
 	local out=$1
-	echo "ensure.sh: building staticcheck and kustomize ..." >&2
+	local helm_version
+	helm_version=$(awk '$1 == "helm.sh/helm/v3" { print $2 }' "$repo/hack/tools/go.mod")
+	echo "ensure.sh: building staticcheck, kustomize, helm $helm_version and crane ..." >&2
 	(cd "$repo/hack/tools" && go build -trimpath -ldflags "-s -w" -o "$out/" \
-		honnef.co/go/tools/cmd/staticcheck sigs.k8s.io/kustomize/kustomize/v5)
+		honnef.co/go/tools/cmd/staticcheck sigs.k8s.io/kustomize/kustomize/v5 \
+		github.com/google/go-containerregistry/cmd/crane)
+	# helm prints its version from an ldflag, as its own release build sets it.
+	(cd "$repo/hack/tools" && go build -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
+		-o "$out/" helm.sh/helm/v3/cmd/helm)
 	"$out/staticcheck" -version >&2
 	"$out/kustomize" version >&2
+	"$out/helm" version --short >&2
+	"$out/crane" version >&2
 }
 
 ensure() { # $1: final dir, $2: build function
@@ -84,6 +108,7 @@ ensure() { # $1: final dir, $2: build function
 case "${1:-k8s}" in
 k8s) ensure "$k8s_dir" build_k8s ;;
 tools) ensure "$tools_dir" build_tools ;;
+node) ensure "$node_dir" build_node ;;
 all)
 	ensure "$k8s_dir" build_k8s
 	ensure "$tools_dir" build_tools
@@ -93,7 +118,7 @@ all)
 	echo "export MESHLET_TOOLS_BIN=$(ensure "$tools_dir" build_tools)"
 	;;
 *)
-	echo "usage: $0 [k8s|tools|all|--export]" >&2
+	echo "usage: $0 [k8s|tools|node|all|--export]" >&2
 	exit 2
 	;;
 esac

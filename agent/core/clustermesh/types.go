@@ -82,15 +82,26 @@ type SecretKeyRef struct {
 
 // ClusterMeshStatus is written by one elected writer (or the operator).
 type ClusterMeshStatus struct {
-	Clusters   []ClusterStatus    `json:"clusters,omitempty"`
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// ReadyClusters is "ready/remote clusters" (a printer column: kubectl
+	// prints only the first element of a list).
+	ReadyClusters string             `json:"readyClusters,omitempty"`
+	Clusters      []ClusterStatus    `json:"clusters,omitempty"`
+	Conditions    []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // ClusterStatus counts what was taken from one remote cluster.
+// registeredPeers and skippedNodes are the operator's fields (its
+// registered Peers are the remote nodes it copied; meshlet's are the remote
+// nodes it accepted); the others are meshlet's watcher's state.
 type ClusterStatus struct {
 	Name            string `json:"name"`
 	RegisteredPeers int    `json:"registeredPeers"`
 	SkippedNodes    int    `json:"skippedNodes"`
+	Synced          bool   `json:"synced"`
+	Ready           bool   `json:"ready"`
+	Nodes           int    `json:"nodes"`
+	Peers           int    `json:"peers"`
+	Message         string `json:"message,omitempty"`
 }
 
 // Condition types of ClusterMeshStatus.

@@ -31,6 +31,9 @@ func PeerToTopology(p *Peer, cluster string) (peer topology.Peer, rejections []t
 		return topology.Peer{}, nil, false
 	}
 	ref := topology.ObjectRef{Kind: KindPeer, Cluster: cluster, Name: p.Name}
+	if keys := operatorLabels(p); len(keys) > 0 {
+		return topology.Peer{}, []topology.Rejection{operatorPeerRejection(p, ref, keys)}, false
+	}
 	out, rejections := convertPeerSpec(p.Name, &p.Spec, ref)
 	if len(rejections) > 0 {
 		return topology.Peer{}, rejections, false

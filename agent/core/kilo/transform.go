@@ -90,6 +90,7 @@ func TransformPeer(obj interface{}) (interface{}, error) {
 		return obj, nil
 	}
 	out := &Peer{TypeMeta: p.TypeMeta, ObjectMeta: stripMeta(&p.ObjectMeta, false)}
+	keepOperatorLabels(p, out) // PeerToTopology ignores kilo-clustermesh-operator's Peers
 	p.Spec.DeepCopyInto(&out.Spec)
 	return out, nil
 }

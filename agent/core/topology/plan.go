@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"fmt"
 	"net/netip"
 	"sort"
 	"time"
@@ -173,6 +174,28 @@ func (n *Node) location(set Settings) string {
 func ready(n *Node, now time.Time) bool {
 	return n.Endpoint != "" && !n.PublicKey.IsZero() && len(n.PodCIDRs) > 0 &&
 		!n.LastSeen.IsZero() && now.Sub(n.LastSeen) < readyWindow
+}
+
+// NotReady says why a node fails Kilo's readiness rule (ready), in the
+// rule's order; nil when it is Ready (`meshlet diagnose`).
+func NotReady(n Node, now time.Time) []string {
+	var why []string
+	if n.Endpoint == "" {
+		why = append(why, "no endpoint")
+	}
+	if n.PublicKey.IsZero() {
+		why = append(why, "no WireGuard public key")
+	}
+	if len(n.PodCIDRs) == 0 {
+		why = append(why, "no pod CIDR")
+	}
+	switch {
+	case n.LastSeen.IsZero():
+		why = append(why, "never seen (no last-seen)")
+	case now.Sub(n.LastSeen) >= readyWindow:
+		why = append(why, fmt.Sprintf("last seen %s ago (Kilo's window is %s)", now.Sub(n.LastSeen).Round(time.Second), readyWindow))
+	}
+	return why
 }
 
 func (p *planner) segmentKey(n *Node) string {

@@ -692,3 +692,37 @@ func TestRejectionReporters(t *testing.T) {
 		t.Errorf("reporters = %v, want %v", got, want)
 	}
 }
+
+// TestNotReadyAgreesWithReady: the reasons diagnose prints are exactly the
+// rule the planner applies.
+func TestNotReadyAgreesWithReady(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	good := Node{Name: "n", Endpoint: "1.2.3.4:51820", PublicKey: Key{1}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")},
+		LastSeen: now.Add(-10 * time.Second)}
+	for _, tc := range []struct {
+		name   string
+		change func(*Node)
+		want   []string
+	}{
+		{"ready", func(*Node) {}, nil},
+		{"no endpoint", func(n *Node) { n.Endpoint = "" }, []string{"no endpoint"}},
+		{"no key", func(n *Node) { n.PublicKey = Key{} }, []string{"no WireGuard public key"}},
+		{"no pod CIDR", func(n *Node) { n.PodCIDRs = nil }, []string{"no pod CIDR"}},
+		{"never seen", func(n *Node) { n.LastSeen = time.Time{} }, []string{"never seen (no last-seen)"}},
+		{"stale", func(n *Node) { n.LastSeen = now.Add(-90 * time.Second) }, []string{"last seen 1m30s ago (Kilo's window is 1m0s)"}},
+		{"at the window", func(n *Node) { n.LastSeen = now.Add(-readyWindow) }, []string{"last seen 1m0s ago (Kilo's window is 1m0s)"}},
+		{"two reasons", func(n *Node) { n.Endpoint, n.PodCIDRs = "", nil }, []string{"no endpoint", "no pod CIDR"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := good
+			tc.change(&n)
+			got := NotReady(n, now)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("NotReady = %q, want %q", got, tc.want)
+			}
+			if ready(&n, now) != (len(got) == 0) {
+				t.Errorf("ready = %v but NotReady = %q", ready(&n, now), got)
+			}
+		})
+	}
+}

@@ -71,7 +71,7 @@ func (p *planner) remoteClusters() {
 		switch {
 		case !p.plan.Leader:
 		case rc != nil && rc.Synced:
-			info.Leaders = p.remotePeers(r, rc)
+			info.Leaders, info.Segments = p.remotePeers(r, rc)
 		default:
 			p.preserve = append(p.preserve, r.networks...)
 		}
@@ -99,19 +99,23 @@ func (p *planner) remoteState(name string) *RemoteCluster {
 	return nil
 }
 
-// remoteGroup is a remote leader and the remote nodes it serves.
+// remoteGroup is a remote segment: its leader and the nodes it serves.
 type remoteGroup struct {
+	key    string
 	leader *Node
 	nodes  []*Node
 }
 
 // remotePeers adds one WireGuard peer per remote leader and returns their
-// names.
-func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
+// names and the remote segments.
+func (p *planner) remotePeers(r *remote, rc *RemoteCluster) ([]string, []SegmentInfo) {
 	var names []string
+	var segs []SegmentInfo
 	first := true
 	for _, g := range p.remoteGroups(r, rc) {
 		l := g.leader
+		segs = append(segs, SegmentInfo{Name: g.key, Location: l.location(p.set), Leader: l.Name, Nodes: nodeNames(g.nodes),
+			WireGuardIP: l.WireGuardIP})
 		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
 		if l.MalformedEndpoint {
 			p.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
@@ -122,7 +126,7 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) []string {
 			first = false
 		}
 	}
-	return names
+	return names, segs
 }
 
 // remoteGroups rebuilds the remote cluster's segments with Kilo's rules,
@@ -177,7 +181,7 @@ func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 			continue
 		}
 		wgIPs[ip] = l.Name
-		g := &remoteGroup{leader: l, nodes: seg}
+		g := &remoteGroup{key: k, leader: l, nodes: seg}
 		groups = append(groups, g)
 		if loc := l.location(p.set); byLocation[loc] == nil || !byLocation[loc].leader.InternalIP.IsValid() && l.InternalIP.IsValid() {
 			byLocation[loc] = g

@@ -353,6 +353,21 @@ func (r Rejection) MarshalJSON() ([]byte, error) {
 	}{r.Object.String(), r.Object.Kind, r.Object.Cluster, r.Object.Namespace, r.Object.Name, r.Field, r.Reason, r.Message, r.Reporter})
 }
 
+// UnmarshalJSON reads what MarshalJSON writes (`meshlet status -o json`
+// decodes an agent's rejections).
+func (r *Rejection) UnmarshalJSON(b []byte) error {
+	var v struct {
+		Kind, Cluster, Namespace, Name, Field, Message, Reporter string
+		Reason                                                   Reason
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Rejection{Object: ObjectRef{Kind: v.Kind, Cluster: v.Cluster, Namespace: v.Namespace, Name: v.Name},
+		Field: v.Field, Reason: v.Reason, Message: v.Message, Reporter: v.Reporter}
+	return nil
+}
+
 // Rejection is input the planner refused, with the reason.
 type Rejection struct {
 	Object  ObjectRef `json:"object"`
@@ -411,6 +426,9 @@ type RemoteInfo struct {
 	AllowedNetworks []netip.Prefix `json:"allowedNetworks"`
 	Leaders         []string       `json:"leaders"`
 	Synced          bool           `json:"synced"`
+	// Segments are the remote cluster's segments as this leader sees them
+	// (leaders elected with Kilo's rules, their nodes); only on leaders.
+	Segments []SegmentInfo `json:"segments,omitempty"`
 }
 
 // MarshalText encodes the key as base64, so JSON and YAML show the usual form.

@@ -32,9 +32,9 @@ var scheme = func() *runtime.Scheme {
 	return s
 }()
 
-// kiloClient is a REST client for kilo.squat.ai/v1alpha1: Peers and
+// KiloClient is a REST client for kilo.squat.ai/v1alpha1: Peers and
 // ClusterMeshes are hand-written types, no generated clientset.
-func kiloClient(cfg *rest.Config) (rest.Interface, error) {
+func KiloClient(cfg *rest.Config) (rest.Interface, error) {
 	c := rest.CopyConfig(cfg)
 	gv := schema.GroupVersion{Group: kilo.GroupName, Version: "v1alpha1"}
 	c.GroupVersion = &gv
@@ -51,11 +51,8 @@ func kiloClient(cfg *rest.Config) (rest.Interface, error) {
 	return rc, nil
 }
 
-// watchClient is a clientset for the informers of core objects that speaks
-// protobuf: every Node of a cluster is decoded again whenever any field
-// changes (a heartbeat: last-seen every ~30 s), and a kubelet-sized Node
-// decodes ten times faster from protobuf than from JSON
-// (BenchmarkHeartbeat: 8 µs vs 80 µs).
+// watchClient is a clientset for the informers of core objects other than
+// Nodes (nodecodec.go), in protobuf: cheaper to decode than JSON.
 func watchClient(cfg *rest.Config) (kubernetes.Interface, error) {
 	c := rest.CopyConfig(cfg)
 	c.ContentType = runtime.ContentTypeProtobuf
@@ -67,8 +64,9 @@ func watchClient(cfg *rest.Config) (kubernetes.Interface, error) {
 	return cs, nil
 }
 
-// crdInformer watches one resource of kilo.squat.ai.
-func crdInformer(rc rest.Interface, resource, namespace string, obj runtime.Object, transform cache.TransformFunc) cache.SharedIndexInformer {
+// informerFor watches one resource through a REST client: kilo.squat.ai's,
+// or Nodes through nodeRESTClient.
+func informerFor(rc rest.Interface, resource, namespace string, obj runtime.Object, transform cache.TransformFunc) cache.SharedIndexInformer {
 	lw := cache.NewListWatchFromClient(rc, resource, namespace, fields.Everything())
 	inf := cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{})
 	if transform != nil {

@@ -4,7 +4,15 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	clientscheme "k8s.io/client-go/kubernetes/scheme"
 )
+
+// NodeDecoder is the informers' protobuf decoder of Nodes (nodecodec.go).
+func NodeDecoder() runtime.Decoder {
+	return nodeSerializer{protobuf.NewSerializer(clientscheme.Scheme, clientscheme.Scheme)}
+}
 
 // Store exposes a cluster's converted objects to the external tests.
 type Store struct{ o objects }

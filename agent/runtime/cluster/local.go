@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -51,7 +52,7 @@ type LocalOptions struct {
 
 // NewLocal creates the local watcher; Start runs it.
 func NewLocal(o LocalOptions) (*Local, error) {
-	rc, err := kiloClient(o.Config)
+	rc, err := KiloClient(o.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -67,13 +68,16 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	nf := informers.NewSharedInformerFactoryWithOptions(wc, 0, informers.WithTransform(kilo.TransformNode))
-	l.nodeInf = nf.Core().V1().Nodes().Informer()
+	nodes, err := nodeRESTClient(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
 	sf := informers.NewSharedInformerFactoryWithOptions(wc, 0, informers.WithNamespace(o.Namespace),
 		informers.WithTransform(transformSecret))
 	l.secretInf = sf.Core().V1().Secrets().Informer()
-	l.peerInf = crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
-	l.meshInf = crdInformer(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
+	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	l.meshInf = informerFor(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
 
 	_, _ = l.nodeInf.AddEventHandler(handler(l.onNode))
 	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))
@@ -150,13 +154,31 @@ func (l *Local) onMesh(obj interface{}, deleted bool) {
 		return
 	}
 	l.mu.Lock()
+	old := l.meshes[m.Name]
 	if deleted {
 		delete(l.meshes, m.Name)
 	} else {
 		l.meshes[m.Name] = m
 	}
 	l.mu.Unlock()
+	// A status write (meshstatus) changes nothing the planner reads.
+	if !deleted && old != nil && old.Generation == m.Generation && old.Generation != 0 {
+		return
+	}
 	l.changed()
+}
+
+// Meshes returns the ClusterMeshes of the watched namespace as last seen
+// (shared: read only), sorted by name.
+func (l *Local) Meshes() []*clustermesh.ClusterMesh {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]*clustermesh.ClusterMesh, 0, len(l.meshes))
+	for _, m := range l.meshes {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 func (l *Local) onSecret(obj interface{}, deleted bool) {

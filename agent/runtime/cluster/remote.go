@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -125,8 +124,8 @@ func (rs *Remotes) notify() {
 	}
 }
 
-// State returns every remote cluster's converted objects, sorted by name.
-func (rs *Remotes) State() ([]topology.RemoteCluster, []topology.Rejection) {
+// sorted returns the watchers by cluster name.
+func (rs *Remotes) sorted() []*remote {
 	rs.mu.Lock()
 	ws := make([]*remote, 0, len(rs.watchers))
 	for _, w := range rs.watchers {
@@ -134,6 +133,12 @@ func (rs *Remotes) State() ([]topology.RemoteCluster, []topology.Rejection) {
 	}
 	rs.mu.Unlock()
 	sort.Slice(ws, func(i, j int) bool { return ws[i].name < ws[j].name })
+	return ws
+}
+
+// State returns every remote cluster's converted objects, sorted by name.
+func (rs *Remotes) State() ([]topology.RemoteCluster, []topology.Rejection) {
+	ws := rs.sorted()
 	var out []topology.RemoteCluster
 	var rejs []topology.Rejection
 	for _, w := range ws {
@@ -160,6 +165,41 @@ type remote struct {
 	ready      bool      // last probe succeeded
 	lastReady  time.Time // last time the API answered
 	connectErr error
+	lastErr    error // the last watch or probe failure, until the API answers again
+}
+
+// RemoteStatus is one remote cluster's watcher as `meshlet status` and the
+// ClusterMesh status show it.
+type RemoteStatus struct {
+	Cluster string    `json:"cluster"`
+	Synced  bool      `json:"synced"` // listed once (ever)
+	Ready   bool      `json:"ready"`  // its API answers and it is synced
+	Nodes   int       `json:"nodes"`
+	Peers   int       `json:"peers"`
+	Seen    time.Time `json:"lastReady,omitzero"` // last time its API answered
+	Error   string    `json:"error,omitempty"`
+}
+
+// Status returns every watched remote cluster's state, sorted by name
+// (none on a node that does not lead).
+func (rs *Remotes) Status() []RemoteStatus {
+	ws := rs.sorted()
+	out := make([]RemoteStatus, 0, len(ws))
+	for _, w := range ws {
+		w.mu.Lock()
+		st := RemoteStatus{Cluster: w.name, Synced: w.synced, Ready: w.ready, Nodes: len(w.objs.nodes), Peers: len(w.objs.peers), Seen: w.lastReady}
+		switch {
+		case w.connectErr != nil:
+			st.Error = "kubeconfig unusable: " + w.connectErr.Error()
+		case w.hash == ([32]byte{}):
+			st.Error = "kubeconfig Secret missing"
+		case w.lastErr != nil && !w.ready:
+			st.Error = w.lastErr.Error()
+		}
+		w.mu.Unlock()
+		out = append(out, st)
+	}
+	return out
 }
 
 func (w *remote) stop() {
@@ -180,12 +220,15 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		cfg.Timeout = 15 * time.Second
 	}
 	var client kubernetes.Interface
-	var rc rest.Interface
+	var rc, nodes rest.Interface
 	if err == nil {
-		client, err = watchClient(cfg)
+		client, err = kubernetes.NewForConfig(cfg)
 	}
 	if err == nil {
-		rc, err = kiloClient(cfg)
+		rc, err = KiloClient(cfg)
+	}
+	if err == nil {
+		nodes, err = nodeRESTClient(cfg)
 	}
 	w.mu.Lock()
 	w.connectErr = err
@@ -202,9 +245,8 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.cancel = cancel
 	w.mu.Unlock()
 
-	nf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(kilo.TransformNode))
-	nodeInf := nf.Core().V1().Nodes().Informer()
-	peerInf := crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
+	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
 	_, _ = nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
@@ -234,6 +276,9 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	for _, inf := range []cache.SharedIndexInformer{nodeInf, peerInf} {
 		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 			w.rs.log().Warn("remote watch failed", "cluster", w.name, "error", err)
+			w.mu.Lock()
+			w.lastErr = err
+			w.mu.Unlock()
 			w.setReady(false)
 		})
 	}
@@ -288,6 +333,9 @@ func (w *remote) probe(ctx context.Context, client kubernetes.Interface) {
 		}
 		w.mu.Lock()
 		synced := w.synced
+		if err != nil {
+			w.lastErr = fmt.Errorf("API server /readyz: %w", err)
+		}
 		w.mu.Unlock()
 		w.setReady(err == nil && synced)
 	}

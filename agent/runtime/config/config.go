@@ -5,16 +5,17 @@ package config
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
 
 // Config is the agent's configuration.
@@ -32,14 +33,19 @@ type Config struct {
 	Compatibility string
 	Encapsulate   string
 	MTU           string
-	InternalCIDR  string
+	// InternalCIDRs limit the discovery of the private IP (kg's
+	// --internal-cidr); PrivateIP sets it outright.
+	InternalCIDRs stringList
+	PrivateIP     string
 	ServiceCIDRs  stringList
 	ResyncPeriod  time.Duration
 	Listen        string
 	WireGuardMode string // kernel | userspace | auto
-	MetricsCompat string // "" | wireguard-exporter
-	KeyFile       string
-	LogLevel      string
+	MetricsCompat string // "", or a comma list of wireguard-exporter and kilo
+	// ClusterMeshStatus: compete for the Lease and write ClusterMesh status.
+	ClusterMeshStatus bool
+	KeyFile           string
+	LogLevel          string
 	// RepairSessions re-establishes half-dead sessions to kg-run peers
 	// (docs/kilo-compatibility.md#half-dead).
 	RepairSessions bool
@@ -49,15 +55,17 @@ type Config struct {
 }
 
 type parsed struct {
-	subnet   netip.Prefix
-	internal netip.Prefix
-	services []netip.Prefix
-	mtu      int
+	subnet    netip.Prefix
+	private   netip.Prefix
+	internals []netip.Prefix
+	services  []netip.Prefix
+	mtu       int
 }
 
 type stringList []string
 
 func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Type() string   { return "strings" }
 func (s *stringList) Set(v string) error {
 	for _, p := range strings.Split(v, ",") {
 		if p = strings.TrimSpace(p); p != "" {
@@ -70,8 +78,7 @@ func (s *stringList) Set(v string) error {
 // RegisterTopology registers the flags that shape the plan (shared by
 // `meshlet run` and `meshlet plan`). A caller that defines its own "local"
 // flag first (meshlet plan, where --local names a file) keeps it.
-func (c *Config) RegisterTopology(fs *flag.FlagSet) {
-	fs.StringVar(&c.Hostname, "hostname", "", "name of this node (default: $NODE_NAME, else the host name)")
+func (c *Config) RegisterTopology(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ClusterName, "cluster-name", "", "this cluster's name in ClusterMesh objects (default: the entry marked local)")
 	fs.StringVar(&c.Interface, "interface", "kilo0", "name of the WireGuard interface")
 	fs.IntVar(&c.Port, "port", 51820, "WireGuard listen port")
@@ -84,20 +91,23 @@ func (c *Config) RegisterTopology(fs *flag.FlagSet) {
 	fs.StringVar(&c.Compatibility, "compatibility", "", `CNI compatibility: "" or cilium`)
 	fs.StringVar(&c.Encapsulate, "encapsulate", "always", "IPIP encapsulation inside a location: never, crosssubnet or always")
 	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface: a number or auto (underlay MTU − 80)")
-	fs.StringVar(&c.InternalCIDR, "internal-cidr", "", "this node's private IP as a CIDR (default: the address of the default route's interface)")
+	fs.Var(&c.InternalCIDRs, "internal-cidr", "CIDRs the private IP is discovered in, as kg's flag (repeatable or comma-separated; default: any)")
+	fs.StringVar(&c.PrivateIP, "private-ip", "", "this node's private IP with its mask, instead of discovering it (e.g. 192.168.1.10/24)")
 	fs.Var(&c.ServiceCIDRs, "service-cidr", "service CIDR, not masqueraded (repeatable or comma-separated)")
 }
 
 // RegisterAgent registers the flags only the agent uses.
-func (c *Config) RegisterAgent(fs *flag.FlagSet) {
+func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Hostname, "hostname", "", "name of this node (default: $NODE_NAME, else the host name)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster)")
 	fs.StringVar(&c.Namespace, "namespace", "kilo-system", "namespace of ClusterMesh objects and their Secrets")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
-	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz, /readyz and /status")
 	fs.StringVar(&c.WireGuardMode, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
-	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export another exporter's series: "" or wireguard-exporter`)
+	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export other exporters' series: "" or a comma-separated list of wireguard-exporter (prometheus_wireguard_exporter) and kilo (kg's kilo_*)`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster, elected with a Lease; never over another manager's status)")
 	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
 }
 
@@ -140,12 +150,21 @@ func (c *Config) Validate() error {
 		}
 		c.parsed.mtu = n
 	}
-	if c.InternalCIDR != "" {
-		p, err := netip.ParsePrefix(c.InternalCIDR)
+	c.parsed.internals = nil
+	for _, s := range c.InternalCIDRs {
+		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			bad("internal-cidr", "%q is not a CIDR", c.InternalCIDR)
+			bad("internal-cidr", "%q is not a CIDR", s)
+			continue
 		}
-		c.parsed.internal = p
+		c.parsed.internals = append(c.parsed.internals, p.Masked())
+	}
+	if c.PrivateIP != "" {
+		p, err := netip.ParsePrefix(c.PrivateIP)
+		if err != nil {
+			bad("private-ip", "%q is not an address with its mask (e.g. 192.168.1.10/24)", c.PrivateIP)
+		}
+		c.parsed.private = p
 	}
 	c.parsed.services = nil
 	for _, s := range c.ServiceCIDRs {
@@ -169,10 +188,8 @@ func (c *Config) Validate() error {
 	default:
 		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuardMode)
 	}
-	switch c.MetricsCompat {
-	case "", "wireguard-exporter":
-	default:
-		bad("metrics-compat", `%q must be "" or wireguard-exporter`, c.MetricsCompat)
+	if _, err := metrics.ParseCompat(c.MetricsCompat); err != nil {
+		bad("metrics-compat", `%v: must be "" or a comma-separated list of wireguard-exporter and kilo`, err)
 	}
 	switch c.LogLevel {
 	case "", "debug", "info", "warn", "error":
@@ -196,6 +213,7 @@ func (c *Config) Settings() topology.Settings {
 		ServiceCIDRs:  c.parsed.services,
 		ClusterName:   c.ClusterName,
 		MTU:           c.parsed.mtu,
-		PrivateIP:     c.parsed.internal,
+		PrivateIP:     c.parsed.private,
+		InternalCIDRs: c.parsed.internals,
 	}
 }

@@ -1,16 +1,17 @@
 package config
 
 import (
-	"flag"
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func parse(t *testing.T, args ...string) (*Config, error) {
 	t.Helper()
 	var c Config
-	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	c.RegisterTopology(fs)
 	c.RegisterAgent(fs)
@@ -34,12 +35,13 @@ func TestDefaultsMatchKilo(t *testing.T) {
 
 func TestCozystackFlags(t *testing.T) {
 	c, err := parse(t, "--compatibility=cilium", "--encapsulate=crosssubnet", "--local=false", "--mesh-granularity=location",
-		"--subnet=100.66.0.0/16", "--mtu=auto", "--internal-cidr=192.168.1.10/32", "--service-cidr=10.96.0.0/12")
+		"--subnet=100.66.0.0/16", "--mtu=auto", "--internal-cidr=192.168.1.10/32", "--service-cidr=10.96.0.0/12", "--private-ip=192.168.1.10/24")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := c.Settings()
-	if s.Compatibility != "cilium" || s.Local || s.Subnet.String() != "100.66.0.0/16" || len(s.ServiceCIDRs) != 1 || s.PrivateIP.String() != "192.168.1.10/32" {
+	if s.Compatibility != "cilium" || s.Local || s.Subnet.String() != "100.66.0.0/16" || len(s.ServiceCIDRs) != 1 ||
+		len(s.InternalCIDRs) != 1 || s.InternalCIDRs[0].String() != "192.168.1.10/32" || s.PrivateIP.String() != "192.168.1.10/24" {
 		t.Fatalf("settings = %+v", s)
 	}
 }
@@ -57,6 +59,7 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--encapsulate=sometimes"}, "--encapsulate"},
 		{[]string{"--mtu=9"}, "--mtu"},
 		{[]string{"--internal-cidr=nope"}, "--internal-cidr"},
+		{[]string{"--private-ip=10.0.0.1"}, "--private-ip"},
 		{[]string{"--service-cidr=10.96.0.0/33"}, "--service-cidr"},
 		{[]string{"--wireguard=dkms"}, "--wireguard"},
 		{[]string{"--metrics-compat=x"}, "--metrics-compat"},

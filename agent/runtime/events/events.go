@@ -1,7 +1,8 @@
 // Package events turns the planner's rejections into what a user sees: a
 // Kubernetes Event on the object concerned (so `kubectl describe` shows it),
 // a log line with the reason, and meshlet_rejections_total{reason}. Each
-// rejection is reported once while it lasts, not at every resync.
+// rejection is reported once while it lasts, not at every resync; while it
+// lasts it is counted in meshlet_rejections_active{reason,kind}.
 //
 // Every node computes the same rejections; the one the planner names as
 // each rejection's Reporter writes its Event, so a cluster of a hundred nodes
@@ -43,6 +44,7 @@ type Sink struct {
 
 	mu     sync.Mutex
 	active map[topology.Rejection]seen
+	gauged map[[2]string]bool // label sets of meshlet_rejections_active set last
 }
 
 type seen struct {
@@ -82,9 +84,35 @@ func (s *Sink) Report(ctx context.Context, plan topology.Plan) {
 		current[r] = st
 	}
 	s.active = current
+	s.setActive()
 	s.mu.Unlock()
 	for _, r := range due {
 		s.report(ctx, plan, r)
+	}
+}
+
+// setActive sets meshlet_rejections_active from the reported rejections in
+// force, and deletes the label sets that no longer have one (a Reset would
+// let a scrape in between see none). Call with s.mu held.
+func (s *Sink) setActive() {
+	if s.Metrics == nil {
+		return
+	}
+	counts := map[[2]string]int{}
+	for r, st := range s.active {
+		if st.reported {
+			counts[[2]string{string(r.Reason), r.Object.Kind}]++
+		}
+	}
+	for l := range s.gauged {
+		if counts[l] == 0 {
+			s.Metrics.RejectionsActive.DeleteLabelValues(l[0], l[1])
+		}
+	}
+	s.gauged = make(map[[2]string]bool, len(counts))
+	for l, n := range counts {
+		s.Metrics.RejectionsActive.WithLabelValues(l[0], l[1]).Set(float64(n))
+		s.gauged[l] = true
 	}
 }
 

@@ -133,3 +133,46 @@ func TestTransientDuplicatesSettleFirst(t *testing.T) {
 		t.Fatalf("a lasting duplicate counted %v times, want 1", count())
 	}
 }
+
+// TestRejectionsActive: meshlet_rejections_active counts the reported
+// rejections in force by reason and kind, follows each plan (a fixed input
+// leaves, a vanished label set is deleted, not left at 0), and, like the
+// Events, leaves out a start-up race until it has outlasted settleTime.
+func TestRejectionsActive(t *testing.T) {
+	ctx := context.Background()
+	clock := time.Unix(1_800_000_000, 0)
+	reg := prometheus.NewPedanticRegistry()
+	s := &Sink{Node: "a", Metrics: metrics.NewAgent(reg), Now: func() time.Time { return clock }}
+	key1 := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "p1"}, Reason: topology.ReasonInvalidKey, Message: "x"}
+	key2 := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "p2"}, Reason: topology.ReasonInvalidKey, Message: "x"}
+	route := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "b", Name: "b-1"}, Reason: topology.ReasonDefaultRoute, Message: "x"}
+	dup := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "b", Name: "b-2"}, Reason: topology.ReasonDuplicateWireGuardIP, Message: "x"}
+	const head = "# HELP meshlet_rejections_active Rejections in force in the current plan (reported: Event written or due), by reason and kind of object (Node, Peer, ClusterMesh).\n# TYPE meshlet_rejections_active gauge\n"
+	tests := []struct {
+		name  string
+		after time.Duration
+		in    []topology.Rejection
+		want  string // series, "" = none
+	}{
+		{"two bad keys and a default route", 0, []topology.Rejection{key1, key2, route},
+			"meshlet_rejections_active{kind=\"Node\",reason=\"DefaultRoute\"} 1\nmeshlet_rejections_active{kind=\"Peer\",reason=\"InvalidKey\"} 2\n"},
+		{"one key fixed, a duplicate WireGuard IP appears (settling)", 5 * time.Second, []topology.Rejection{key2, route, dup},
+			"meshlet_rejections_active{kind=\"Node\",reason=\"DefaultRoute\"} 1\nmeshlet_rejections_active{kind=\"Peer\",reason=\"InvalidKey\"} 1\n"},
+		{"the duplicate outlasts the settle time", 31 * time.Second, []topology.Rejection{key2, route, dup},
+			"meshlet_rejections_active{kind=\"Node\",reason=\"DefaultRoute\"} 1\nmeshlet_rejections_active{kind=\"Node\",reason=\"DuplicateWireGuardIP\"} 1\nmeshlet_rejections_active{kind=\"Peer\",reason=\"InvalidKey\"} 1\n"},
+		{"keys fixed: the InvalidKey series is gone", time.Second, []topology.Rejection{route, dup},
+			"meshlet_rejections_active{kind=\"Node\",reason=\"DefaultRoute\"} 1\nmeshlet_rejections_active{kind=\"Node\",reason=\"DuplicateWireGuardIP\"} 1\n"},
+		{"everything fixed", time.Second, nil, ""},
+	}
+	for _, tt := range tests {
+		clock = clock.Add(tt.after)
+		s.Report(ctx, plan(tt.in...))
+		want := ""
+		if tt.want != "" {
+			want = head + tt.want
+		}
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meshlet_rejections_active"); err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+	}
+}

@@ -27,6 +27,7 @@ type Agent struct {
 	RemoteClusterReady *prometheus.GaugeVec
 	RemoteClusterNodes *prometheus.GaugeVec
 	Rejections         *prometheus.CounterVec
+	RejectionsActive   *prometheus.GaugeVec
 	AnnotationPatches  prometheus.Counter
 	DataPlaneChanges   *prometheus.CounterVec
 }
@@ -52,13 +53,20 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 			Help: "Nodes known in the remote cluster."}, []string{"cluster"}),
 		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_rejections_total",
 			Help: "Inputs rejected (each counted once until it is fixed), by reason."}, []string{"reason"}),
+		RejectionsActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_rejections_active",
+			Help: "Rejections in force in the current plan (reported: Event written or due), by reason and kind of object (Node, Peer, ClusterMesh)."}, []string{"reason", "kind"}),
 		AnnotationPatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshlet_annotation_patches_total",
 			Help: "Patches of this node's Kilo annotations."}),
 		DataPlaneChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_dataplane_changes_total",
 			Help: "Changes applied to the data plane, by kind of object (peer, route, rule, address, iptables, link)."}, []string{"object"}),
 	}
+	// Both results exist from the start at 0, so the first error is an
+	// increase that rate() sees (a series born at 1 shows none).
+	for _, r := range []string{"success", "error"} {
+		a.Reconciles.WithLabelValues(r)
+	}
 	reg.MustRegister(a.Leader, a.Peers, a.Reconciles, a.ReconcileDuration, a.Convergence, a.RemoteClusterReady,
-		a.RemoteClusterNodes, a.Rejections, a.AnnotationPatches, a.DataPlaneChanges)
+		a.RemoteClusterNodes, a.Rejections, a.RejectionsActive, a.AnnotationPatches, a.DataPlaneChanges)
 	return a
 }
 
@@ -81,17 +89,6 @@ type PeerInfo struct {
 	Name, Kind, Cluster, Location string
 }
 
-// Thresholds of meshlet_peer_up. WireGuard re-handshakes every 120 s while
-// traffic flows and drops a session after 180 s (REJECT_AFTER_TIME); a peer
-// with keepalive always has traffic, so a handshake older than 180 s + slack
-// means it is down.
-const (
-	HandshakeStale = 180*time.Second + 15*time.Second
-	// recentTraffic: a peer without keepalive is judged only while this node
-	// sends to it; idle peers are not broken and export no up series.
-	recentTraffic = 180 * time.Second
-)
-
 // Collector exports per-peer series from the device at scrape time. Series
 // of peers that left the device vanish with them.
 type Collector struct {
@@ -104,14 +101,15 @@ type Collector struct {
 	info   map[wgtypes.Key]PeerInfo
 	txSeen map[wgtypes.Key]txMark
 
-	handshake, rx, tx, keepalive, up *prometheus.Desc
-	compatSent, compatRecv, compatHS *prometheus.Desc
-	scrapeErr                        *prometheus.Desc
+	handshake, rx, tx, keepalive, up, allowed *prometheus.Desc
+	compatSent, compatRecv, compatHS          *prometheus.Desc
+	scrapeErr                                 *prometheus.Desc
 }
 
 type txMark struct {
 	bytes   int64
-	changed time.Time
+	first   time.Time // when this process first saw the peer
+	changed time.Time // when the counter was last seen growing
 }
 
 // NewCollector returns a collector for the device iface. With compat, the
@@ -132,7 +130,9 @@ func NewCollector(iface string, source StatsSource, compat bool, now func() time
 		keepalive: prometheus.NewDesc("meshlet_peer_persistent_keepalive_seconds",
 			"Persistent keepalive interval of the peer (0 = off).", labels, nil),
 		up: prometheus.NewDesc("meshlet_peer_up",
-			"1 when the last handshake is younger than 195 s; only for peers with keepalive or traffic sent in the last 180 s.", labels, nil),
+			"1 when the last handshake is as young as the peer's keepalive and traffic allow, 0 when older; absent for idle peers without keepalive and for peers too new to judge.", labels, nil),
+		allowed: prometheus.NewDesc("meshlet_peer_handshake_allowed_age_seconds",
+			"How old the peer's last handshake may be while it is up: 180 s (REJECT_AFTER_TIME) + its keepalive (or the time since traffic was sent to it) + 15 s.", labels, nil),
 		compatSent: prometheus.NewDesc("wireguard_sent_bytes_total", "Bytes sent to the peer (prometheus_wireguard_exporter).", compatLabels, nil),
 		compatRecv: prometheus.NewDesc("wireguard_received_bytes_total", "Bytes received from the peer (prometheus_wireguard_exporter).", compatLabels, nil),
 		compatHS: prometheus.NewDesc("wireguard_latest_handshake_seconds",
@@ -154,7 +154,7 @@ func (c *Collector) SetPeers(peers []topology.WireGuardPeer) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.handshake, c.rx, c.tx, c.keepalive, c.up, c.scrapeErr} {
+	for _, d := range []*prometheus.Desc{c.handshake, c.rx, c.tx, c.keepalive, c.up, c.allowed, c.scrapeErr} {
 		ch <- d
 	}
 	if c.compat {
@@ -190,23 +190,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.tx, prometheus.CounterValue, float64(s.TransmitBytes), lv...)
 		ch <- prometheus.MustNewConstMetric(c.keepalive, prometheus.GaugeValue, s.PersistentKeepalive.Seconds(), lv...)
 
-		// Traffic is seen as a change of the transmit counter between two
-		// scrapes; the first sighting (e.g. after a restart) proves nothing.
-		mark, ok := c.txSeen[s.PublicKey]
-		switch {
-		case !ok:
-			mark = txMark{bytes: s.TransmitBytes}
-		case mark.bytes != s.TransmitBytes:
-			mark = txMark{bytes: s.TransmitBytes, changed: now}
-		}
-		c.txSeen[s.PublicKey] = mark
-		active := s.PersistentKeepalive > 0 || !mark.changed.IsZero() && now.Sub(mark.changed) < recentTraffic
-		if active {
+		h := c.health(s, now)
+		if h.Judged() {
 			up := 0.0
-			if !s.LastHandshake.IsZero() && now.Sub(s.LastHandshake) < HandshakeStale {
+			if h.Up() {
 				up = 1
 			}
 			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up, lv...)
+		}
+		if h.Allowed > 0 {
+			ch <- prometheus.MustNewConstMetric(c.allowed, prometheus.GaugeValue, h.Allowed.Seconds(), lv...)
 		}
 		if c.compat {
 			cl := []string{c.iface, s.PublicKey.String(), joinPrefixes(s.AllowedIPs)}
@@ -224,6 +217,34 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			delete(c.txSeen, k)
 		}
 	}
+}
+
+// health tracks a peer's transmit counter between reads and judges it.
+// Traffic is seen as a change of the counter between two reads; the first
+// sighting (e.g. after a restart) proves nothing. Call with c.mu held.
+func (c *Collector) health(s wg.PeerStats, now time.Time) Health {
+	mark, ok := c.txSeen[s.PublicKey]
+	switch {
+	case !ok:
+		mark = txMark{bytes: s.TransmitBytes, first: now}
+	case mark.bytes != s.TransmitBytes:
+		mark.bytes, mark.changed = s.TransmitBytes, now
+	}
+	c.txSeen[s.PublicKey] = mark
+	return Judge(s, now, mark.first, mark.changed)
+}
+
+// Health judges the device's peers now, for status; it shares the
+// counter-tracking of the scrapes.
+func (c *Collector) Health(stats []wg.PeerStats) map[wgtypes.Key]Health {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[wgtypes.Key]Health, len(stats))
+	for _, s := range stats {
+		out[s.PublicKey] = c.health(s, now)
+	}
+	return out
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

@@ -97,3 +97,10 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 	}
 	return self, nil
 }
+
+// Drift reports, without changing anything, how the host differs from the
+// plan's link, routes and rules (`meshlet status`).
+func (h *Host) Drift(ctx context.Context, plan topology.Plan) ([]string, error) {
+	d, err := h.Host.Drift(ctx, HostSpec(plan))
+	return d.Lines(), err
+}

@@ -63,6 +63,12 @@ type RemoteWatchers interface {
 	Reconcile(leader bool, kubeconfigs []clustermesh.Kubeconfig)
 }
 
+// MeshStatus follows this node's role too: a segment leader competes to
+// write the ClusterMesh status (agent/runtime/meshstatus).
+type MeshStatus interface {
+	Follow(plan topology.Plan)
+}
+
 // RejectionSink turns a plan's rejections into Events, logs and metrics,
 // once each.
 type RejectionSink interface {
@@ -90,6 +96,7 @@ type Loop struct {
 	Host       Host
 	Publisher  Publisher
 	Remotes    RemoteWatchers // nil: no remote clusters
+	MeshStatus MeshStatus     // nil: status not written
 	Rejections RejectionSink
 	PeerLabels PeerLabels
 	Metrics    *metrics.Agent
@@ -117,6 +124,24 @@ type Loop struct {
 	// nextChange is when the last snapshot's readiness changes by itself
 	// (a last-seen ageing out), as unix nanoseconds; 0 = never.
 	nextChange atomic.Int64
+	last       atomic.Pointer[Run]
+}
+
+// Run is one reconcile as `meshlet status` shows it: the plan it computed
+// and how applying it went.
+type Run struct {
+	Plan     topology.Plan
+	At       time.Time
+	Duration time.Duration
+	Error    string // "" when everything applied
+}
+
+// Last returns the last run that computed a plan (false before the first).
+func (l *Loop) Last() (Run, bool) {
+	if r := l.last.Load(); r != nil {
+		return *r, true
+	}
+	return Run{}, false
 }
 
 func (l *Loop) init() {
@@ -310,7 +335,15 @@ func (l *Loop) Run(ctx context.Context) error {
 func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	l.init()
 	start := l.Clock.Now()
+	var planned *topology.Plan
 	defer func() {
+		if planned != nil {
+			r := Run{Plan: *planned, At: start, Duration: l.Clock.Since(start)}
+			if err != nil {
+				r.Error = err.Error()
+			}
+			l.last.Store(&r)
+		}
 		result := "success"
 		if err != nil {
 			result = "error"
@@ -338,6 +371,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	snap.Now = l.Clock.Now()
 	snap.Settings = l.Settings
 	plan := topology.Compute(snap, self)
+	planned = &plan
 	if next := topology.NextReadinessChange(snap); next.IsZero() {
 		l.nextChange.Store(0)
 	} else {
@@ -369,6 +403,9 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	}
 	if l.Remotes != nil {
 		l.Remotes.Reconcile(plan.Leader, kubeconfigs)
+	}
+	if l.MeshStatus != nil {
+		l.MeshStatus.Follow(plan)
 	}
 	if l.Rejections != nil {
 		l.Rejections.Report(ctx, plan)

@@ -24,14 +24,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
+	"github.com/meshlet/meshlet/agent/runtime/meshstatus"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/e2e/apiserver"
@@ -176,8 +181,8 @@ func TestAgentAgainstRealAPIServers(t *testing.T) {
 	defer cancel()
 	local := apiserver.Start(t, apiserver.Options{})
 	remote := apiserver.Start(t, apiserver.Options{})
-	applyFiles(t, local.AdminConfig(), "manifests/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
-		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/rbac.yaml")
+	applyFiles(t, local.AdminConfig(), "manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
+		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/base/rbac.yaml")
 	applyFiles(t, remote.AdminConfig(), "manifests/remote/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/remote/rbac.yaml")
 	ladmin := kubernetes.NewForConfigOrDie(local.AdminConfig())
 	radmin := kubernetes.NewForConfigOrDie(remote.AdminConfig())
@@ -233,6 +238,7 @@ spec:
 	var cfg config.Config
 	cfg.Interface, cfg.Port, cfg.Subnet, cfg.Granularity, cfg.Encapsulate, cfg.MTU = "kilo0", 51820, "10.4.0.0/16", "location", "always", "auto"
 	cfg.Namespace, cfg.ResyncPeriod, cfg.Local, cfg.TopologyLabel = "kilo-system", 30*time.Second, true, "topology.kubernetes.io/region"
+	cfg.ClusterMeshStatus = true
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -277,6 +283,25 @@ spec:
 		}
 		if ls, err := kilo.ParseLastSeen(a[topology.AnnotationLastSeen]); err != nil || time.Since(ls) > time.Minute {
 			t.Errorf("last-seen = %q (%v)", a[topology.AnnotationLastSeen], err)
+		}
+	})
+
+	kiloAdmin, err := cluster.KiloClient(local.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("ClusterMesh status: written by the Lease holder, with cluster-b's counts", func(t *testing.T) {
+		st := waitMeshStatus(t, kiloAdmin, "prod", "Ready True ClustersReady, cluster-b 2 nodes", func(st clustermesh.ClusterMeshStatus) bool {
+			c := meta.FindStatusCondition(st.Conditions, clustermesh.ConditionReady)
+			return c != nil && c.Status == metav1.ConditionTrue && c.Reason == clustermesh.ReasonClustersReady &&
+				len(st.Clusters) == 1 && st.Clusters[0].Name == "cluster-b" && st.Clusters[0].Nodes == 2 && st.Clusters[0].Synced && st.Clusters[0].Ready
+		})
+		if c := st.Clusters[0]; c.RegisteredPeers != 2 || c.SkippedNodes != 0 {
+			t.Errorf("cluster-b status %+v, want 2 registered, 0 skipped", c)
+		}
+		lease, err := ladmin.CoordinationV1().Leases("kilo-system").Get(ctx, meshstatus.LeaseName, metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "a-1" {
+			t.Errorf("Lease %s: %+v (%v), want held by a-1", meshstatus.LeaseName, lease.Spec, err)
 		}
 	})
 
@@ -368,15 +393,26 @@ spec: {allowedIPs: [10.5.0.1/32], publicKey: "not-a-key"}
 				t.Fatalf("the rejected edit reached the device: %+v", a.dev.Peers)
 			}
 		}
+		waitMeshStatus(t, kiloAdmin, "prod", "Ready False and NetworksOverlap True", func(st clustermesh.ClusterMeshStatus) bool {
+			return meta.IsStatusConditionFalse(st.Conditions, clustermesh.ConditionReady) &&
+				meta.IsStatusConditionTrue(st.Conditions, clustermesh.ConditionNetworksOverlap)
+		})
 		if _, err := apiserver.Apply(ctx, local.AdminConfig(), mesh, apiserver.ApplyOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		waitMeshStatus(t, kiloAdmin, "prod", "Ready True again", func(st clustermesh.ClusterMeshStatus) bool {
+			return meta.IsStatusConditionTrue(st.Conditions, clustermesh.ConditionReady)
+		})
 	})
 
 	t.Run("a remote API outage keeps the plan and resumes", func(t *testing.T) {
 		from := wg.count()
 		remote.Stop()
 		waitGauge(t, agent, 0)
+		waitMeshStatus(t, kiloAdmin, "prod", "Ready False RemoteClusterNotReady", func(st clustermesh.ClusterMeshStatus) bool {
+			c := meta.FindStatusCondition(st.Conditions, clustermesh.ConditionReady)
+			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == clustermesh.ReasonNotReady && len(st.Clusters) == 1 && st.Clusters[0].Nodes == 2
+		})
 		// Nothing is removed while the remote API is down.
 		for _, a := range wg.since(from) {
 			if _, ok := peerNamed(a.dev, "b-1"); !ok {
@@ -434,6 +470,62 @@ subjects: [{kind: ServiceAccount, name: meshlet-remote-2, namespace: kilo-system
 		})
 	})
 
+	t.Run("ClusterMesh status another manager writes is left alone", func(t *testing.T) {
+		// Named to come before prod: the writer handles meshes by name, so
+		// prod's status changing proves it went past this one.
+		other := []byte(`
+apiVersion: kilo.squat.ai/v1alpha1
+kind: ClusterMesh
+metadata: {name: a-operator, namespace: kilo-system}
+spec:
+  clusters:
+  - {name: cluster-a, local: true, allowedNetworks: [10.244.0.0/16, 10.4.0.0/24]}
+  - {name: cluster-c, kubeconfigSecretRef: {name: cluster-c-kubeconfig, key: kubeconfig}, allowedNetworks: [10.3.0.0/16]}
+`)
+		if _, err := apiserver.Apply(ctx, local.AdminConfig(), other, apiserver.ApplyOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// As the operator does: an update of the status subresource (retried:
+		// meshlet may write it first, as it does for every mesh).
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var cm clustermesh.ClusterMesh
+			if err := kiloAdmin.Get().Namespace("kilo-system").Resource("clustermeshes").Name("a-operator").Do(ctx).Into(&cm); err != nil {
+				return err
+			}
+			cm.APIVersion, cm.Kind = clustermesh.SchemeGroupVersion.String(), "ClusterMesh"
+			cm.Status = clustermesh.ClusterMeshStatus{
+				Clusters:   []clustermesh.ClusterStatus{{Name: "cluster-c", RegisteredPeers: 7}},
+				Conditions: []metav1.Condition{{Type: clustermesh.ConditionReady, Status: metav1.ConditionTrue, Reason: "Reconciled", LastTransitionTime: metav1.Now()}},
+			}
+			body, _ := json.Marshal(cm)
+			return kiloAdmin.Put().Namespace("kilo-system").Resource("clustermeshes").Name("a-operator").SubResource("status").
+				Param("fieldManager", "kilo-clustermesh-operator").Body(body).Do(ctx).Error()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A change prod's status shows: a third node in cluster-b.
+		if _, err := radmin.CoreV1().Nodes().Create(ctx, node("b-3", "w", "172.16.0.3/24", "10.2.3.0/24", key(13), nil), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		go keepFresh(ctx, radmin, "b-3")
+		waitMeshStatus(t, kiloAdmin, "prod", "cluster-b with 3 nodes", func(st clustermesh.ClusterMeshStatus) bool {
+			return len(st.Clusters) == 1 && st.Clusters[0].Nodes == 3
+		})
+		var after clustermesh.ClusterMesh
+		if err := kiloAdmin.Get().Namespace("kilo-system").Resource("clustermeshes").Name("a-operator").Do(ctx).Into(&after); err != nil {
+			t.Fatal(err)
+		}
+		if len(after.Status.Clusters) != 1 || after.Status.Clusters[0].RegisteredPeers != 7 || after.Status.Conditions[0].Reason != "Reconciled" {
+			t.Errorf("the operator's status was overwritten: %+v", after.Status)
+		}
+		for _, mf := range after.ManagedFields {
+			if mf.Manager == meshstatus.FieldManager {
+				t.Errorf("meshlet manages fields of a-operator: %+v", mf)
+			}
+		}
+	})
+
 	t.Run("RBAC: remote credentials are read-only, local role is minimal", func(t *testing.T) {
 		ro := kubernetes.NewForConfigOrDie(remote.ServiceAccountConfig(ctx, "kilo-system", "meshlet-remote-2"))
 		if _, err := ro.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
@@ -487,6 +579,23 @@ func waitNode(t *testing.T, cs kubernetes.Interface, name string, ok func(*corev
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("node %s never got there: %v %v", name, err, n)
+		}
+		waitTick()
+	}
+}
+
+// waitMeshStatus polls a ClusterMesh's status until ok.
+func waitMeshStatus(t *testing.T, kiloREST rest.Interface, name, what string, ok func(clustermesh.ClusterMeshStatus) bool) clustermesh.ClusterMeshStatus {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var cm clustermesh.ClusterMesh
+		err := kiloREST.Get().Namespace("kilo-system").Resource("clustermeshes").Name(name).Do(context.Background()).Into(&cm)
+		if err == nil && ok(cm.Status) {
+			return cm.Status
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ClusterMesh %s: timed out waiting for %s; status %+v (%v)", name, what, cm.Status, err)
 		}
 		waitTick()
 	}

@@ -6,6 +6,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,11 +23,14 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
+	"github.com/meshlet/meshlet/agent/runtime/meshstatus"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
+	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
 // MinRunInterval: the loop runs at least this often so that last-seen (Kilo's
@@ -54,6 +58,14 @@ type Options struct {
 	Log        *slog.Logger
 	// RemoteProbe is how often remote API servers are probed (default 5 s).
 	RemoteProbe time.Duration
+	// Version is meshlet's, shown by /status.
+	Version string
+}
+
+// Drifter is a Host that can tell, without changing anything, how the host
+// differs from a plan (/status shows it; node.Host is one).
+type Drifter interface {
+	Drift(ctx context.Context, plan topology.Plan) ([]string, error)
 }
 
 // Agent is a running meshlet.
@@ -63,8 +75,11 @@ type Agent struct {
 	Local   *cluster.Local
 	Remotes *cluster.Remotes
 	Metrics *metrics.Agent
-	events  record.EventBroadcaster
-	client  kubernetes.Interface
+	peers   *metrics.Collector
+	// meshStatus is nil with --clustermesh-status=false.
+	meshStatus *meshstatus.Writer
+	events     record.EventBroadcaster
+	client     kubernetes.Interface
 }
 
 // New assembles the agent.
@@ -80,7 +95,11 @@ func New(o Options) (*Agent, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	am := metrics.NewAgent(o.Registry)
-	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, o.Config.MetricsCompat == "wireguard-exporter", nil)
+	compat, err := metrics.ParseCompat(o.Config.MetricsCompat)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-compat: %w", err)
+	}
+	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, compat.WireGuardExporter, nil)
 	o.Registry.MustRegister(collector)
 
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
@@ -96,8 +115,33 @@ func New(o Options) (*Agent, error) {
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
 	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
 	loop.Remotes = remotes
+	var ms *meshstatus.Writer
+	if o.Config.ClusterMeshStatus {
+		kiloREST, err := cluster.KiloClient(o.RestConfig)
+		if err != nil {
+			return nil, err
+		}
+		ms = &meshstatus.Writer{Client: client, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
+			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log}
+		loop.MeshStatus = ms
+	}
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
-	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, events: broadcaster, client: client}, nil
+	if compat.Kilo {
+		kilo := metrics.NewKilo(am)
+		o.Registry.MustRegister(kilo)
+		loop.Rejections = plans{loop.Rejections, kilo}
+	}
+	return &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}, nil
+}
+
+// plans hands every plan the loop reports to each of its sinks: the
+// rejection sink, and with --metrics-compat=kilo the kilo_* series.
+type plans []reconcile.RejectionSink
+
+func (ps plans) Report(ctx context.Context, plan topology.Plan) {
+	for _, p := range ps {
+		p.Report(ctx, plan)
+	}
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
@@ -117,6 +161,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	defer a.events.Shutdown()
 	a.Remotes.Start(ctx)
+	if a.meshStatus != nil {
+		a.meshStatus.Start(ctx)
+	}
 	a.Local.Start(ctx)
 	go a.forward(ctx)
 	if !a.Local.WaitForSync(ctx) {
@@ -142,7 +189,24 @@ func (a *Agent) forward(ctx context.Context) {
 	}
 }
 
-// Serve exposes /metrics, /healthz and /readyz on addr until ctx ends; it
+// Status is this node's state now (`meshlet status`): the last plan, the
+// device as read now with each peer's health, the host's drift from the
+// plan, the remote watchers.
+func (a *Agent) Status(ctx context.Context) status.Status {
+	run, have := a.Loop.Last()
+	in := status.Input{Node: a.opts.Node, Cluster: a.opts.Config.ClusterName, Version: a.opts.Version, Now: time.Now(),
+		Run: run, HaveRun: have, Ready: a.Loop.Ready(), Remotes: a.Remotes.Status()}
+	in.Device, in.DeviceErr = a.opts.WireGuard.Stats(ctx)
+	if in.DeviceErr == nil {
+		in.Health = a.peers.Health(in.Device.Peers)
+	}
+	if d, ok := a.opts.Host.(Drifter); ok && have {
+		in.Drift, in.DriftErr = d.Drift(ctx, run.Plan)
+	}
+	return status.Build(in)
+}
+
+// Serve exposes /metrics, /healthz, /readyz and /status on addr until ctx ends; it
 // returns the bound address (addr may use port 0).
 func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 	mux := http.NewServeMux()
@@ -159,6 +223,14 @@ func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(a.Status(ctx))
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -47,7 +47,7 @@ import (
 // 127.0.0.1 (the port is not part of the check), so the CA verifies.
 const guestServer = "https://127.0.0.1:6443"
 
-// namespace is meshlet's namespace (manifests/namespace.yaml).
+// namespace is meshlet's namespace (manifests/namespace/namespace.yaml).
 const namespace = "kilo-system"
 
 // node is one scenario node as the API knows it. It mirrors
@@ -144,8 +144,8 @@ func serve(dir string) error {
 func setup(ctx context.Context, srv *apiserver.Server, dir string) error {
 	admin := srv.AdminConfig()
 	root := repoRoot()
-	for _, f := range []string{"manifests/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
-		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/rbac.yaml"} {
+	for _, f := range []string{"manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
+		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/base/rbac.yaml"} {
 		if _, err := apiserver.ApplyFile(ctx, admin, filepath.Join(root, f), apiserver.ApplyOptions{}); err != nil {
 			return fmt.Errorf("applying %s: %w", f, err)
 		}
@@ -159,7 +159,7 @@ func setup(ctx context.Context, srv *apiserver.Server, dir string) error {
 			return err
 		}
 	}
-	// meshlet's ServiceAccount (manifests/rbac.yaml), as a DaemonSet pod
+	// meshlet's ServiceAccount (manifests/base/rbac.yaml), as a DaemonSet pod
 	// would use it, addressed at the in-guest forwarder.
 	tok, err := srv.ServiceAccountToken(ctx, namespace, "meshlet")
 	if err != nil {

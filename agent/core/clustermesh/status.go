@@ -1,0 +1,125 @@
+package clustermesh
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// RemoteState is what the status writer's agent knows of one remote
+// cluster (its watcher).
+type RemoteState struct {
+	Watched, Synced, Ready bool
+	Nodes, Peers           int
+	Error                  string
+}
+
+// Reasons of the Ready condition.
+const (
+	ReasonClustersReady    = "ClustersReady"
+	ReasonNotWatched       = "RemoteClusterNotWatched"
+	ReasonNotSynced        = "RemoteClusterNotSynced"
+	ReasonNotReady         = "RemoteClusterNotReady"
+	ReasonNoOverlap        = "NoOverlap"
+	ReasonRejectedMesh     = "Rejected"
+	conditionMessageLength = 1024
+)
+
+// BuildStatus is the status of mesh m as seen from cluster clusterName
+// ("" = the entry marked local): one entry per remote cluster with what its
+// watcher knows (remotes, by cluster name) and the remote nodes rejected
+// (rejections of Node objects of that cluster), a Ready condition (the mesh
+// is accepted and every remote cluster is synced and reachable) and the
+// operator's NetworksOverlap condition. Conditions keep their transition
+// time while their status does not change.
+func BuildStatus(m *ClusterMesh, clusterName string, remotes map[string]RemoteState, rejections []topology.Rejection, now time.Time) ClusterMeshStatus {
+	var st ClusterMeshStatus
+	skipped := map[string]map[string]bool{}
+	var meshRejections []topology.Rejection
+	for _, r := range rejections {
+		switch {
+		case r.Object.Kind == "ClusterMesh" && r.Object.Namespace == m.Namespace && r.Object.Name == m.Name:
+			meshRejections = append(meshRejections, r)
+		case r.Object.Kind == "Node" && r.Object.Cluster != "":
+			if skipped[r.Object.Cluster] == nil {
+				skipped[r.Object.Cluster] = map[string]bool{}
+			}
+			skipped[r.Object.Cluster][r.Object.Name] = true
+		}
+	}
+	var notWatched, notSynced, notReady []string
+	for _, c := range m.Spec.Clusters {
+		if c.Name == clusterName || (clusterName == "" && c.Local) {
+			continue
+		}
+		r := remotes[c.Name]
+		cs := ClusterStatus{Name: c.Name, SkippedNodes: len(skipped[c.Name]), Synced: r.Synced, Ready: r.Ready, Nodes: r.Nodes, Peers: r.Peers, Message: r.Error}
+		cs.RegisteredPeers = max(r.Nodes-cs.SkippedNodes, 0)
+		switch {
+		case !r.Watched:
+			notWatched = append(notWatched, c.Name)
+		case !r.Synced:
+			notSynced = append(notSynced, describe(c.Name, r.Error))
+		case !r.Ready:
+			notReady = append(notReady, describe(c.Name, r.Error))
+		}
+		st.Clusters = append(st.Clusters, cs)
+	}
+
+	readyCount := 0
+	for _, c := range st.Clusters {
+		if c.Synced && c.Ready {
+			readyCount++
+		}
+	}
+	st.ReadyClusters = fmt.Sprintf("%d/%d", readyCount, len(st.Clusters))
+	ready := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonClustersReady,
+		Message: fmt.Sprintf("%d remote clusters synced and reachable", len(st.Clusters))}
+	overlap := metav1.Condition{Type: ConditionNetworksOverlap, Status: metav1.ConditionFalse, Reason: ReasonNoOverlap,
+		Message: "no networks overlap"}
+	switch {
+	case len(meshRejections) > 0:
+		var msgs []string
+		for _, r := range meshRejections {
+			msgs = append(msgs, r.Message)
+			if r.Reason == topology.ReasonNetworksOverlap {
+				overlap.Status, overlap.Reason, overlap.Message = metav1.ConditionTrue, string(r.Reason), r.Message
+			}
+		}
+		ready.Status, ready.Reason = metav1.ConditionFalse, string(meshRejections[0].Reason)
+		ready.Message = "rejected, the last accepted version (if any) stays in force: " + strings.Join(msgs, "; ")
+	case len(notWatched) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNotWatched
+		ready.Message = "not watched yet (no segment leader has started its watcher, or its kubeconfig Secret is missing): " + strings.Join(notWatched, ", ")
+	case len(notSynced) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNotSynced
+		ready.Message = "not listed yet: " + strings.Join(notSynced, "; ")
+	case len(notReady) > 0:
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNotReady
+		ready.Message = "API server unreachable (the last known peers and routes stay in force): " + strings.Join(notReady, "; ")
+	}
+	st.Conditions = append([]metav1.Condition(nil), m.Status.Conditions...)
+	for _, c := range []metav1.Condition{ready, overlap} {
+		c.ObservedGeneration = m.Generation
+		c.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
+		if r := []rune(c.Message); len(r) > conditionMessageLength {
+			c.Message = string(r[:conditionMessageLength-1]) + "…"
+		}
+		meta.SetStatusCondition(&st.Conditions, c)
+	}
+	sort.Slice(st.Conditions, func(i, j int) bool { return st.Conditions[i].Type < st.Conditions[j].Type })
+	return st
+}
+
+func describe(name, err string) string {
+	if err == "" {
+		return name
+	}
+	return name + " (" + err + ")"
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/diagnose"
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/config"
+	"github.com/meshlet/meshlet/agent/runtime/status"
+)
+
+// newDiagnoseCmd is `meshlet diagnose`: a whole cluster's mesh checked from
+// its API, its remote clusters (with the ClusterMesh Secrets' read-only
+// credentials) and its agents' status, each finding with what to do.
+func newDiagnoseCmd() *cobra.Command {
+	var src meshSource
+	var output string
+	var agents bool
+	cfg := config.Config{Local: true}
+	c := &cobra.Command{
+		Use:   "diagnose",
+		Short: "Check a cluster's mesh: leaders, readiness, kg vs meshlet nodes, remote clusters, clocks, peers, rejections",
+		Long: "Check a cluster's mesh and say what to do about each problem.\n\n" +
+			"It reads the cluster's Nodes, Peers and ClusterMeshes, the remote clusters through the ClusterMesh Secrets\n" +
+			"(the agents' read-only credentials), and each meshlet agent's status through the API server's pod proxy.\n" +
+			"The topology flags are read from meshlet's DaemonSet unless given. Exit status 1 when an error is found.",
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return usage(fmt.Errorf("--output %q: want text or json", output))
+			}
+			flagsFrom := "flags"
+			if src.local.file == "" && !topologyFlagsSet(c.Flags()) {
+				from, err := daemonSetFlags(c.Context(), src, &cfg)
+				if err != nil {
+					fmt.Fprintf(c.ErrOrStderr(), "meshlet diagnose: using default topology flags: %v\n", err)
+				} else {
+					flagsFrom = from
+				}
+			}
+			if err := cfg.Validate(); err != nil {
+				return usage(fmt.Errorf("invalid flags: %w", err))
+			}
+			in, err := diagnoseInput(c.Context(), src, cfg, agents && src.local.file == "")
+			if err != nil {
+				return err
+			}
+			fs := diagnose.Check(in)
+			if output == "json" {
+				enc := json.NewEncoder(c.OutOrStdout())
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(fs); err != nil {
+					return err
+				}
+			} else {
+				printFindings(c.OutOrStdout(), in, flagsFrom, fs)
+			}
+			if n := diagnose.Errors(fs); n > 0 {
+				return fmt.Errorf("%s found", plural(n, "error"))
+			}
+			return nil
+		},
+	}
+	src.register(c.Flags(), &cfg.Local)
+	cfg.RegisterTopology(c.Flags())
+	c.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status through the API server's pod proxy (needs get on pods/proxy)")
+	return c
+}
+
+// topologyFlags are the flags that change the topology (leaders, WireGuard
+// IPs, remote clusters), read from the DaemonSet when not given.
+var topologyFlags = []string{"cluster-name", "interface", "port", "subnet", "mesh-granularity", "topology-label", "local", "compatibility", "encapsulate", "service-cidr"}
+
+func topologyFlagsSet(fs *pflag.FlagSet) bool {
+	for _, f := range topologyFlags {
+		if fs.Changed(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// daemonSetFlags parses the topology flags of meshlet's DaemonSet (its
+// `run` arguments) into cfg.
+func daemonSetFlags(ctx context.Context, src meshSource, cfg *config.Config) (string, error) {
+	rc, err := restConfig(src.kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return "", err
+	}
+	list, err := client.AppsV1().DaemonSets(src.namespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	if err != nil {
+		return "", fmt.Errorf("reading meshlet's DaemonSet: %w", err)
+	}
+	if len(list.Items) == 0 {
+		return "", fmt.Errorf("no DaemonSet labelled %s in %s", agentSelector, src.namespace)
+	}
+	ds := list.Items[0]
+	args := runArgs(ds)
+	if args == nil {
+		return "", fmt.Errorf("DaemonSet %s/%s has no container running `meshlet run`", ds.Namespace, ds.Name)
+	}
+	fs := pflag.NewFlagSet("daemonset", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	fs.SetOutput(io.Discard)
+	cfg.RegisterTopology(fs)
+	// Only the topology flags: the others carry $(VAR) references.
+	var keep []string
+	for _, a := range args {
+		for _, f := range topologyFlags {
+			if a == "--"+f || strings.HasPrefix(a, "--"+f+"=") {
+				keep = append(keep, a)
+			}
+		}
+	}
+	if err := fs.Parse(keep); err != nil {
+		return "", fmt.Errorf("DaemonSet %s/%s: %w", ds.Namespace, ds.Name, err)
+	}
+	return "DaemonSet " + ds.Namespace + "/" + ds.Name, nil
+}
+
+func runArgs(ds appsv1.DaemonSet) []string {
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		all := append(append([]string(nil), c.Command...), c.Args...)
+		for i, a := range all {
+			if a == "run" {
+				return all[i+1:]
+			}
+		}
+	}
+	return nil
+}
+
+// diagnoseInput reads everything the checks need.
+func diagnoseInput(ctx context.Context, src meshSource, cfg config.Config, askAgents bool) (diagnose.Input, error) {
+	local, remotes, remoteErrs, err := src.read(ctx, cfg.ClusterName)
+	if err != nil {
+		return diagnose.Input{}, err
+	}
+	snap := snapshot(local, remotes, cfg.Settings())
+	in := diagnose.Input{Cluster: orDefault(cfg.ClusterName, "local"), Snapshot: snap, Plans: map[string]topology.Plan{}, ClockOffset: local.ClockOffset}
+	r := clustermesh.Resolve(local.Meshes, cfg.ClusterName)
+	seen := map[string]bool{}
+	for _, kc := range r.Kubeconfigs {
+		if seen[kc.Cluster] {
+			continue
+		}
+		seen[kc.Cluster] = true
+		rm := diagnose.Remote{Cluster: kc.Cluster, Mesh: kc.Mesh.String(), Secret: fmt.Sprintf("%s/%s[%s]", kc.Namespace, kc.Name, kc.Key)}
+		if e, bad := remoteErrs[kc.Cluster]; bad {
+			rm.Err = e.Error()
+		} else if rc, ok := remotes[kc.Cluster]; ok {
+			rm.ServerTime, rm.ClockOffset = rc.ServerTime, rc.ClockOffset
+		}
+		in.Remotes = append(in.Remotes, rm)
+	}
+	if name := localName(r); name != "" && cfg.ClusterName == "" {
+		in.Cluster = name
+	}
+	for _, n := range snap.Nodes {
+		p, err := planAs(snap, n.Name)
+		if err != nil {
+			return in, err
+		}
+		in.Plans[n.Name] = p
+	}
+	if askAgents {
+		in.Agents, err = readAgents(ctx, src)
+		if err != nil {
+			return in, err
+		}
+	}
+	return in, nil
+}
+
+func localName(r clustermesh.Result) string {
+	for _, m := range r.Meshes {
+		for _, c := range m.Clusters {
+			if c.Local {
+				return c.Name
+			}
+		}
+	}
+	return ""
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// readAgents reads every meshlet pod's /status, a few at a time.
+func readAgents(ctx context.Context, src meshSource) (map[string]diagnose.Agent, error) {
+	rc, err := restConfig(src.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "meshlet/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	pods, err := agentPods(ctx, client, src.namespace)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]diagnose.Agent{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for node, p := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			s, err := podStatus(ctx, client, p)
+			a := agentOf(s)
+			if err != nil {
+				a = diagnose.Agent{Err: err.Error()}
+			}
+			mu.Lock()
+			out[node] = a
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}
+
+func agentOf(s status.Status) diagnose.Agent {
+	a := diagnose.Agent{Role: s.Role, Version: s.Version, LastError: s.LastRun.Error, Drift: s.Drift}
+	for _, p := range s.Peers {
+		a.Peers = append(a.Peers, diagnose.AgentPeer{Name: p.Name, Kind: p.Kind, Cluster: p.Cluster, State: p.State, LastHandshake: p.LastHandshake, Allowed: p.Allowed})
+	}
+	return a
+}
+
+func printFindings(w io.Writer, in diagnose.Input, flagsFrom string, fs []diagnose.Finding) {
+	agents := "not asked"
+	if in.Agents != nil {
+		agents = fmt.Sprintf("%d read", len(in.Agents))
+	}
+	fmt.Fprintf(w, "Cluster %s: %d nodes, %d remote clusters, agents %s; topology from %s (meshlet %s)\n\n",
+		in.Cluster, len(in.Snapshot.Nodes), len(in.Remotes), agents, flagsFrom, version)
+	counts := map[diagnose.Severity]int{}
+	for _, f := range fs {
+		counts[f.Severity]++
+		fmt.Fprintf(w, "%-8s %-16s %s: %s\n", strings.ToUpper(string(f.Severity)), f.Check, f.Subject, f.Message)
+		if f.Fix != "" {
+			fmt.Fprintf(w, "%-8s %-16s → %s\n", "", "", f.Fix)
+		}
+	}
+	fmt.Fprintf(w, "\n%s, %s, %d ok\n", plural(counts[diagnose.Error], "error"), plural(counts[diagnose.Warning], "warning"), counts[diagnose.OK])
+}

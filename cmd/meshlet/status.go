@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshlet/meshlet/agent/runtime/status"
+)
+
+// newStatusCmd is `meshlet status`: what the running agent of a node does,
+// read from its /status endpoint — the agent's own plan, device and health,
+// not a second computation.
+func newStatusCmd() *cobra.Command {
+	var address, output, node, kubeconfig, namespace string
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show what the running agent on a node does: role, device, peers and their health, routes, drift, remote clusters",
+		Long: "Show what the running agent on a node does.\n\n" +
+			"Inside the agent's pod (kubectl exec -n kilo-system ds/meshlet -- meshlet status) it reads the agent at --address;\n" +
+			"with --node it reads that node's agent through the API server's pod proxy (needs get on pods/proxy).",
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if output != "text" && output != "json" {
+				return usage(fmt.Errorf("--output %q: want text or json", output))
+			}
+			var s status.Status
+			var err error
+			if node == "" {
+				s, err = localStatus(c.Context(), address)
+			} else {
+				s, err = nodeStatus(c, kubeconfig, namespace, node)
+			}
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				enc := json.NewEncoder(c.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(s)
+			}
+			return status.Print(c.OutOrStdout(), s)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&address, "address", "127.0.0.1:1107", "where the agent on this node listens (its --listen)")
+	fs.StringVarP(&output, "output", "o", "text", "text or json")
+	fs.StringVar(&node, "node", "", "read this node's agent through the API server instead of --address")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "with --node: kubeconfig (default: $KUBECONFIG, else in-cluster)")
+	fs.StringVar(&namespace, "namespace", "kilo-system", "with --node: namespace of meshlet's pods")
+	return c
+}
+
+func nodeStatus(c *cobra.Command, kubeconfig, namespace, node string) (status.Status, error) {
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return status.Status{}, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	rc.UserAgent = "meshlet/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return status.Status{}, fmt.Errorf("kubernetes client: %w", err)
+	}
+	pods, err := agentPods(c.Context(), client, namespace)
+	if err != nil {
+		return status.Status{}, err
+	}
+	p, ok := pods[node]
+	if !ok {
+		return status.Status{}, fmt.Errorf("no running meshlet pod on node %s in namespace %s", node, namespace)
+	}
+	return podStatus(c.Context(), client, p)
+}
