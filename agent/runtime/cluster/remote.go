@@ -221,8 +221,10 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		// The informers' clients have no client-side timeout: it would cut
 		// every watch after it (the reflector then re-watches; the scale
 		// lane counted one watch request per 15 s on each API server). The
-		// server ends watches after 5–10 min, and the probe's client has
-		// the timeout.
+		// server ends watches after 5–10 min; a dead connection is closed
+		// by client-go's HTTP/2 health check (a ping after 30 s without a
+		// frame, 15 s for its answer); the probe's client has the timeout
+		// and says at once that the API server is gone.
 		cfg.UserAgent = "meshlet-remote"
 		rc, err = KiloClient(cfg)
 	}
