@@ -215,20 +215,26 @@ func (w *remote) stop() {
 func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.stop()
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err == nil {
-		cfg.UserAgent = "meshlet-remote"
-		cfg.Timeout = 15 * time.Second
-	}
 	var client kubernetes.Interface
 	var rc, nodes rest.Interface
 	if err == nil {
-		client, err = kubernetes.NewForConfig(cfg)
-	}
-	if err == nil {
+		// The informers' clients have no client-side timeout: it would cut
+		// every watch after it (the reflector then re-watches; the scale
+		// lane counted one watch request per 15 s on each API server). The
+		// server ends watches after 5–10 min; a dead connection is closed
+		// by client-go's HTTP/2 health check (a ping after 30 s without a
+		// frame, 15 s for its answer); the probe's client has the timeout
+		// and says at once that the API server is gone.
+		cfg.UserAgent = "meshlet-remote"
 		rc, err = KiloClient(cfg)
 	}
 	if err == nil {
 		nodes, err = nodeRESTClient(cfg)
+	}
+	if err == nil {
+		probeCfg := rest.CopyConfig(cfg)
+		probeCfg.Timeout = 15 * time.Second
+		client, err = kubernetes.NewForConfig(probeCfg)
 	}
 	w.mu.Lock()
 	w.connectErr = err
