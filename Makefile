@@ -7,9 +7,10 @@
 
 GO            ?= go
 PKGS          ?= ./...
-# make test: everything but the end-to-end suites (make e2e, make e2e-node)
-# and the kernel lane's guest program (make e2e-kernel).
-TEST_PKGS     ?= $(shell $(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/kernel' -e '/e2e/cmd/' -e '/e2e/node')
+# make test: everything but the end-to-end suites (make e2e, make e2e-node),
+# the kernel lane's guest program (make e2e-kernel) and the scale lane
+# (make bench-scale).
+TEST_PKGS     ?= $(shell $(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/kernel' -e '/e2e/cmd/' -e '/e2e/node' -e '/e2e/scale')
 BIN           := bin/meshlet
 VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS       := -s -w -X main.version=$(VERSION)
@@ -21,7 +22,7 @@ TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
 # kubelet, kube-controller-manager, kube-scheduler (hack/node), for make e2e-node.
 NODE_BIN      ?= $(shell hack/k8s/ensure.sh node)
 
-.PHONY: all build test unit lint bench e2e e2e-kernel e2e-node demo image clean
+.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image clean
 
 all: build
 
@@ -44,6 +45,16 @@ lint:
 
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
+
+# The scale lane (e2e/scale, root): remote clusters of kubelet-sized Nodes
+# with heartbeats, one meshlet leader; ~15 min at the default 10 × 1,000.
+# Size and durations from SCALE_* (e2e/scale/scale_test.go), e.g.
+# `make bench-scale SCALE_CLUSTERS=3 SCALE_NODES=100`. Figures in
+# scale-report.txt (RESULT lines).
+bench-scale: build
+	hack/install-deps.sh
+	bash -o pipefail -c 'MESHLET_SCALE=1 MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v -run TestScale ./e2e/scale/ 2>&1 | tee scale-report.txt'
+	@grep -h 'RESULT' scale-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
 # Needs root and: iproute2 nftables conntrack iputils-ping.
 # pipefail: a failing test must fail make, not be hidden behind tee's status.
@@ -78,4 +89,4 @@ image:
 	VERSION=$(VERSION) hack/image/build.sh $(IMAGE_TAR)
 
 clean:
-	rm -rf bin e2e-report.txt e2e-node-report.txt
+	rm -rf bin e2e-report.txt e2e-node-report.txt scale-report.txt

@@ -250,11 +250,20 @@ func startUserspace(name string, log *slog.Logger) (*Device, error) {
 		dev.Close()
 		return nil, fmt.Errorf("wg: listen on UAPI socket for %s: %w", name, err)
 	}
+	// Without the change feed the agent reads the device periodically
+	// instead (Manager.Watch): worse, not broken.
+	feed, err := listenChanges(name)
+	if err != nil {
+		log.Warn("no change feed for the userspace device; the agent will poll it", "interface", name, "error", err)
+	}
 	go func() {
 		for {
 			c, err := uapi.Accept()
 			if err != nil {
 				return // listener closed
+			}
+			if feed != nil {
+				c = newUAPIConn(c, feed)
 			}
 			go dev.IpcHandle(c)
 		}
@@ -272,6 +281,11 @@ func startUserspace(name string, log *slog.Logger) (*Device, error) {
 		close: func() error {
 			// UAPIListener.Close removes the socket file.
 			err := uapi.Close()
+			if feed != nil {
+				if ferr := feed.close(); ferr != nil {
+					log.Warn("closing the change feed", "interface", name, "error", ferr)
+				}
+			}
 			dev.Close()
 			if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrNotExist) {
 				err = nil

@@ -25,6 +25,9 @@ type ResolvedPeer struct {
 	// not be resolved (then ResolveErr says why).
 	Addr       *net.UDPAddr
 	ResolveErr error
+	// literal: Endpoint is an address, so Addr is reused while the
+	// endpoint does not change (no parse, no lookup).
+	literal bool
 }
 
 // DiffInput is everything Diff compares against the device.
@@ -67,7 +70,8 @@ type Report struct {
 	ListenPort bool         `json:"listenPortChanged,omitempty"`
 	PrivateKey bool         `json:"privateKeyChanged,omitempty"`
 	// KeptEndpoints are roaming peers whose learned endpoint differs from the
-	// plan's and was deliberately kept.
+	// plan's and was deliberately kept. Only an apply that read the device
+	// knows them (Diff); one against meshlet's memory (diffApplied) does not.
 	KeptEndpoints []PeerChange         `json:"keptEndpoints,omitempty"`
 	Unresolved    []UnresolvedEndpoint `json:"unresolved,omitempty"`
 }
@@ -183,11 +187,7 @@ func updatePeer(d ResolvedPeer, c *wgtypes.Peer, last map[wgtypes.Key]string) (p
 		pc.AllowedIPs = toIPNets(d.AllowedIPs)
 		fields = append(fields, FieldAllowedIPs)
 	}
-	var wantPSK wgtypes.Key
-	if d.PresharedKey != nil {
-		wantPSK = *d.PresharedKey
-	}
-	if wantPSK != c.PresharedKey {
+	if wantPSK := pskOf(d.PresharedKey); wantPSK != c.PresharedKey {
 		pc.PresharedKey = &wantPSK // the zero key removes it
 		fields = append(fields, FieldPresharedKey)
 	}
@@ -265,10 +265,6 @@ func prefixFromIPNet(n net.IPNet) (netip.Prefix, bool) {
 }
 
 func samePrefixes(want []netip.Prefix, have []net.IPNet) bool {
-	a := make([]netip.Prefix, 0, len(want))
-	for _, p := range want {
-		a = append(a, p.Masked())
-	}
 	b := make([]netip.Prefix, 0, len(have))
 	for _, n := range have {
 		p, ok := prefixFromIPNet(n)
@@ -277,18 +273,251 @@ func samePrefixes(want []netip.Prefix, have []net.IPNet) bool {
 		}
 		b = append(b, p)
 	}
-	cmp := func(x, y netip.Prefix) int {
-		if c := x.Addr().Compare(y.Addr()); c != 0 {
-			return c
-		}
-		return x.Bits() - y.Bits()
-	}
-	slices.SortFunc(a, cmp)
-	slices.SortFunc(b, cmp)
-	a = slices.Compact(a)
-	b = slices.Compact(b)
-	return slices.Equal(a, b)
+	slices.SortFunc(b, comparePrefix)
+	return slices.Equal(canonical(want), slices.Compact(b))
 }
 
 // keyLess orders keys for deterministic output.
 func keyLess(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) }
+
+// appliedState is what meshlet last wrote to the device, kept in memory so
+// that an apply costs what it changes: diffApplied compares the plan with
+// it, without reading the device (docs/architecture.md, "Applying
+// WireGuard").
+type appliedState struct {
+	privateKey wgtypes.Key
+	listenPort int
+	peers      map[wgtypes.Key]*appliedPeer
+	// probes counts the peers with a SessionProbe (the watch reads their
+	// counters only while there are any).
+	probes int
+	// epoch numbers diffApplied's passes; a peer's seen is the last pass
+	// that planned it, so duplicates and removals are found without
+	// building a set of the plan's keys.
+	epoch uint64
+}
+
+// appliedPeer is one peer as last written. Addr is the endpoint written
+// (nil: none yet); Endpoint is the plan's string it came from.
+type appliedPeer struct {
+	ResolvedPeer
+	seen uint64
+}
+
+// newApplied records in as written to a device whose listen port is port
+// when the plan leaves it alone (ListenPort 0).
+func newApplied(in DiffInput, port int) *appliedState {
+	a := &appliedState{privateKey: in.PrivateKey, listenPort: port, peers: make(map[wgtypes.Key]*appliedPeer, len(in.Peers))}
+	if in.ListenPort != 0 {
+		a.listenPort = in.ListenPort
+	}
+	for _, p := range in.Peers {
+		a.set(p)
+	}
+	return a
+}
+
+// set records peer p as written. A peer whose endpoint did not resolve
+// keeps the endpoint written before (the device still has it).
+func (a *appliedState) set(p ResolvedPeer) {
+	prev := a.peers[p.PublicKey]
+	if prev == nil {
+		prev = &appliedPeer{}
+		a.peers[p.PublicKey] = prev
+	} else if prev.SessionProbe.IsValid() {
+		a.probes--
+	}
+	if p.ResolveErr != nil {
+		p.Addr, p.Endpoint, p.literal = prev.Addr, prev.Endpoint, prev.literal
+	}
+	if p.SessionProbe.IsValid() {
+		a.probes++
+	}
+	prev.ResolvedPeer = p
+}
+
+func (a *appliedState) remove(k wgtypes.Key) {
+	if prev, ok := a.peers[k]; ok {
+		if prev.SessionProbe.IsValid() {
+			a.probes--
+		}
+		delete(a.peers, k)
+	}
+}
+
+// input is the applied state as a DiffInput, to compare a device read with
+// (drift) by the same rules as an apply.
+func (a *appliedState) input(last, names map[wgtypes.Key]string) DiffInput {
+	in := DiffInput{PrivateKey: a.privateKey, ListenPort: a.listenPort, LastEndpoints: last, Names: names,
+		Peers: make([]ResolvedPeer, 0, len(a.peers))}
+	for _, p := range a.peers {
+		in.Peers = append(in.Peers, p.ResolvedPeer)
+	}
+	return in
+}
+
+// appliedDiff is the result of diffApplied.
+type appliedDiff struct {
+	cfg wgtypes.Config
+	rep Report
+	// changed are the indexes of the planned peers that differ in any way
+	// from what was applied (new ones too): only they need remembering.
+	changed []int
+	// needRead: the memory cannot decide, read the device (Diff).
+	needRead bool
+}
+
+// diffApplied is Diff against what meshlet last applied instead of a device
+// read: the same rules, with what only the device knows handled so:
+//   - a roaming peer's endpoint is written only when the plan's endpoint
+//     string changed since it was last applied (Diff's rule with memory);
+//     needRead is set when that memory is missing (the peer was added
+//     while its endpoint did not resolve);
+//   - a non-roaming peer's endpoint is written when the plan's address
+//     differs from the one written, or when the peer roamed until now (the
+//     device may hold a learned endpoint). An endpoint WireGuard itself
+//     moved (a packet from a new source) is not seen here; the watch's
+//     device read finds it as drift.
+//
+// It does no I/O and costs a map lookup and a comparison per planned peer;
+// nothing is allocated for a peer that did not change. It only advances
+// a's pass marks.
+func diffApplied(in DiffInput, a *appliedState) appliedDiff {
+	var r appliedDiff
+	if in.PrivateKey != (wgtypes.Key{}) && in.PrivateKey != a.privateKey {
+		k := in.PrivateKey
+		r.cfg.PrivateKey = &k
+		r.rep.PrivateKey = true
+	}
+	if in.ListenPort != 0 && in.ListenPort != a.listenPort {
+		p := in.ListenPort
+		r.cfg.ListenPort = &p
+		r.rep.ListenPort = true
+	}
+	a.epoch++
+	planned := 0
+	var added map[wgtypes.Key]bool
+	for i := range in.Peers {
+		d := &in.Peers[i]
+		key := d.PublicKey
+		prev := a.peers[key]
+		switch {
+		case prev != nil && prev.seen == a.epoch, prev == nil && added[key]:
+			continue // the planner rejects duplicates; be safe anyway
+		case prev != nil:
+			prev.seen = a.epoch
+			planned++
+		}
+		if d.ResolveErr != nil {
+			r.rep.Unresolved = append(r.rep.Unresolved, UnresolvedEndpoint{
+				Name: d.Name, PublicKey: key, Endpoint: d.Endpoint, Error: d.ResolveErr.Error(),
+			})
+		}
+		if prev == nil {
+			if added == nil {
+				added = map[wgtypes.Key]bool{}
+			}
+			added[key] = true
+			r.changed = append(r.changed, i)
+			r.cfg.Peers = append(r.cfg.Peers, newPeerConfig(*d))
+			r.rep.Added = append(r.rep.Added, PeerChange{Name: d.Name, PublicKey: key})
+			continue
+		}
+		if sameSpec(d, prev) {
+			continue
+		}
+		r.changed = append(r.changed, i)
+		pc, fields, read := updateApplied(d, prev, in.LastEndpoints)
+		if read {
+			return appliedDiff{needRead: true}
+		}
+		if len(fields) > 0 {
+			r.cfg.Peers = append(r.cfg.Peers, pc)
+			r.rep.Updated = append(r.rep.Updated, PeerChange{Name: d.Name, PublicKey: key, Fields: fields})
+		}
+	}
+	if planned < len(a.peers) {
+		var gone []wgtypes.Key
+		for k, p := range a.peers {
+			if p.seen != a.epoch {
+				gone = append(gone, k)
+			}
+		}
+		slices.SortFunc(gone, keyLess)
+		for _, k := range gone {
+			r.cfg.Peers = append(r.cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
+			r.rep.Removed = append(r.rep.Removed, PeerChange{Name: a.peers[k].Name, PublicKey: k})
+		}
+	}
+	return r
+}
+
+// sameSpec reports whether d is exactly what was applied as p: then
+// nothing is to be written nor remembered.
+func sameSpec(d *ResolvedPeer, p *appliedPeer) bool {
+	return d.ResolveErr == nil && p.ResolveErr == nil && d.Name == p.Name && d.Endpoint == p.Endpoint &&
+		sameUDPAddr(d.Addr, p.Addr) && d.PersistentKeepalive == p.PersistentKeepalive && d.Roaming == p.Roaming &&
+		d.SessionProbe == p.SessionProbe && pskOf(d.PresharedKey) == pskOf(p.PresharedKey) &&
+		slices.Equal(d.AllowedIPs, p.AllowedIPs)
+}
+
+// updateApplied is updatePeer against the peer as last written.
+func updateApplied(d *ResolvedPeer, p *appliedPeer, last map[wgtypes.Key]string) (pc wgtypes.PeerConfig, fields []string, needRead bool) {
+	pc = wgtypes.PeerConfig{PublicKey: d.PublicKey, UpdateOnly: true}
+	if d.Addr != nil {
+		write := false
+		if d.Roaming {
+			prev, ok := last[d.PublicKey]
+			if !ok {
+				return pc, nil, true
+			}
+			write = prev != d.Endpoint
+		} else {
+			write = p.Roaming || !sameUDPAddr(d.Addr, p.Addr)
+		}
+		if write {
+			pc.Endpoint = d.Addr
+			fields = append(fields, FieldEndpoint)
+		}
+	}
+	if d.PersistentKeepalive != p.PersistentKeepalive {
+		keepalive := d.PersistentKeepalive
+		pc.PersistentKeepaliveInterval = &keepalive
+		fields = append(fields, FieldKeepalive)
+	}
+	if !slices.Equal(d.AllowedIPs, p.AllowedIPs) && !slices.Equal(canonical(d.AllowedIPs), canonical(p.AllowedIPs)) {
+		pc.ReplaceAllowedIPs = true
+		pc.AllowedIPs = toIPNets(d.AllowedIPs)
+		fields = append(fields, FieldAllowedIPs)
+	}
+	if pskOf(d.PresharedKey) != pskOf(p.PresharedKey) {
+		want := pskOf(d.PresharedKey)
+		pc.PresharedKey = &want // the zero key removes it
+		fields = append(fields, FieldPresharedKey)
+	}
+	return pc, fields, false
+}
+
+func pskOf(k *wgtypes.Key) wgtypes.Key {
+	if k == nil {
+		return wgtypes.Key{}
+	}
+	return *k
+}
+
+// canonical is a prefix list as a set: masked, sorted, without repeats.
+func canonical(ps []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.Masked())
+	}
+	slices.SortFunc(out, comparePrefix)
+	return slices.Compact(out)
+}
+
+func comparePrefix(x, y netip.Prefix) int {
+	if c := x.Addr().Compare(y.Addr()); c != 0 {
+		return c
+	}
+	return x.Bits() - y.Bits()
+}

@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,13 +42,36 @@ import (
 const (
 	helperEnv     = "MESHLET_WG_HELPER"
 	helperModeEnv = "MESHLET_WG_HELPER_MODE" // "" = userspace
+	// removeEnv ("DEVICE KEY") makes the test binary remove one peer and
+	// exit: `wg set DEVICE peer KEY remove` from another process.
+	removeEnv = "MESHLET_WG_REMOVE"
 )
 
 func TestMain(m *testing.M) {
 	if name := os.Getenv(helperEnv); name != "" {
 		os.Exit(runHelper(name))
 	}
+	if arg := os.Getenv(removeEnv); arg != "" {
+		os.Exit(runRemove(arg))
+	}
 	os.Exit(m.Run())
+}
+
+func runRemove(arg string) int {
+	dev, key, _ := strings.Cut(arg, " ")
+	k, err := wgtypes.ParseKey(key)
+	if err == nil {
+		var c *wgctrl.Client
+		if c, err = wgctrl.New(); err == nil {
+			err = c.ConfigureDevice(dev, wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k, Remove: true}}})
+			c.Close()
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "remove:", err)
+		return 1
+	}
+	return 0
 }
 
 // runHelper hosts one userspace device until stdin closes.
@@ -443,12 +467,24 @@ func TestRoamingEndpointKept(t *testing.T) {
 		_ = exec.Command("ip", "netns", "exec", p.b.ns, "ping", "-c1", "-W1", "10.4.0.1").Run()
 	}
 
-	rep := p.a.apply(t, p.planA) // still says 192.168.77.2:51821
+	// The plan still says 192.168.77.2:51821: applied against memory, then
+	// as after a restart (no memory: the device is read).
+	if rep := p.a.apply(t, p.planA); rep.Changed() {
+		t.Errorf("report %+v, want no change", rep)
+	}
 	if got := p.a.peerStats(t, bkey).Endpoint; got != learned {
 		t.Fatalf("roaming peer's learned endpoint overwritten: %v", got)
 	}
-	if len(rep.KeptEndpoints) != 1 || rep.Changed() {
-		t.Errorf("report %+v, want one kept endpoint and no change", rep)
+	restarted, err := NewManager(Config{Interface: p.a.dev, PrivateKey: p.a.mgr.key, Client: p.a.client, Logger: p.a.mgr.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := restarted.Apply(context.Background(), p.planA)
+	if err != nil || len(rep.KeptEndpoints) != 1 || rep.Changed() {
+		t.Errorf("after a restart: report %+v (%v), want one kept endpoint and no change", rep, err)
+	}
+	if got := p.a.peerStats(t, bkey).Endpoint; got != learned {
+		t.Fatalf("roaming peer's learned endpoint overwritten after a restart: %v", got)
 	}
 	waitPing(t, p.a.ns, "10.4.0.2", 5*time.Second)
 
@@ -567,33 +603,8 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 			})
 
 			// A pings B every 20 ms; B rewrites its device once.
-			ping := exec.Command("ip", "netns", "exec", p.a.ns, "ping", "-D", "-i0.02", "-W1", "10.4.0.2")
-			out, err := ping.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ping.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = ping.Process.Kill(); _ = ping.Wait() }()
-			replies := make(chan time.Time, 10000)
-			go func() {
-				sc := bufio.NewScanner(out)
-				for sc.Scan() {
-					if strings.Contains(sc.Text(), "bytes from") {
-						replies <- time.Now()
-					}
-				}
-			}()
-			next := func(within time.Duration) (time.Time, bool) {
-				select {
-				case r := <-replies:
-					return r, true
-				case <-time.After(within):
-					return time.Time{}, false
-				}
-			}
-			if _, ok := next(5 * time.Second); !ok {
+			pings := startPinger(t, p.a.ns, "10.4.0.2")
+			if _, ok := pings.next(5 * time.Second); !ok {
 				t.Fatal("no ping replies before the rewrite")
 			}
 			full := wgtypes.Config{ReplacePeers: true, Peers: []wgtypes.PeerConfig{{
@@ -603,19 +614,7 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 				t.Fatal(err)
 			}
 			rewrote := time.Now()
-			for len(replies) > 0 {
-				<-replies
-			}
-			// The first reply to a packet sent after the rewrite: replies
-			// already in flight arrive within one RTT.
-			var resumed time.Time
-			for {
-				r, ok := next(8 * time.Second)
-				if !ok || r.Sub(rewrote) > 100*time.Millisecond {
-					resumed = r
-					break
-				}
-			}
+			resumed := pings.resumedAfter(rewrote, 8*time.Second)
 			switch {
 			case tc.sessions && resumed.IsZero():
 				t.Fatalf("replies did not resume within 8 s of B's rewrite (repairs: %d)", repairs.Load())
@@ -634,5 +633,132 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 				t.Logf("control: replies resumed %v after B's rewrite (WireGuard's own timers)", resumed.Sub(rewrote).Round(time.Millisecond))
 			}
 		})
+	}
+}
+
+// countingClient counts device reads.
+type countingClient struct {
+	Client
+	reads atomic.Int32
+}
+
+func (c *countingClient) Device(name string) (*wgtypes.Device, error) {
+	c.reads.Add(1)
+	return c.Client.Device(name)
+}
+
+// TestChangeFeed: a userspace device meshlet hosts reports every
+// configuration written to it. The watch reads the device when another
+// process wrote (here `wg set ... remove` from a child process: the
+// signal comes within milliseconds, not at a poll period), and not for the
+// Manager's own writes.
+func TestChangeFeed(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	n := startNode(t, ns, "10.4.0.1/24")
+	cc := &countingClient{Client: n.client}
+	mgr, err := NewManager(Config{Interface: n.dev, PrivateKey: n.mgr.key, Client: cc, Logger: n.mgr.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := DeviceSpec{ListenPort: 51820, Peers: benchPeers(20)}
+	if _, err := mgr.Apply(context.Background(), plan); err != nil {
+		t.Fatal(err)
+	}
+	subscribed := make(chan struct{})
+	var once sync.Once
+	mgr.subscribeFn = func() (*changeSub, error) {
+		s, err := subscribeChanges(n.dev)
+		if err == nil {
+			once.Do(func() { close(subscribed) })
+		}
+		return s, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Without the feed nothing would be read within the test: the periods
+	// are an hour.
+	drift := mgr.Watch(ctx, WatchOptions{Interval: time.Hour, Backstop: time.Hour})
+	select {
+	case <-subscribed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change feed on a userspace device meshlet hosts")
+	}
+	reads := cc.reads.Load()
+	for i := range 5 { // the Manager's own writes
+		plan.Peers[0].PersistentKeepalive = time.Duration(i+1) * time.Second
+		if rep, err := mgr.Apply(context.Background(), plan); err != nil || rep.PeersTouched() != 1 {
+			t.Fatalf("own write %d: %+v %v", i, rep, err)
+		}
+	}
+	victim := plan.Peers[7].PublicKey
+	start := time.Now()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), removeEnv+"="+n.dev+" "+victim.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("removing a peer from another process: %v\n%s", err, out)
+	}
+	select {
+	case <-drift:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a peer removed by another process was not signalled")
+	}
+	t.Logf("peer removed by another process: drift signalled %v after the remove started", time.Since(start).Round(time.Millisecond))
+	if got := cc.reads.Load() - reads; got != 1 {
+		t.Errorf("%d device reads for 5 own writes and 1 foreign one, want 1", got)
+	}
+	rep, err := mgr.Apply(context.Background(), plan)
+	if err != nil || len(rep.Added) != 1 || rep.Added[0].PublicKey != victim {
+		t.Fatalf("re-apply: %+v %v, want the removed peer back", rep, err)
+	}
+}
+
+// pinger pings from a namespace every 20 ms and timestamps the replies.
+type pinger struct{ replies chan time.Time }
+
+func startPinger(t testing.TB, ns, dst string) *pinger {
+	t.Helper()
+	ping := exec.Command("ip", "netns", "exec", ns, "ping", "-D", "-i0.02", "-W1", dst)
+	out, err := ping.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ping.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ping.Process.Kill(); _ = ping.Wait() })
+	p := &pinger{replies: make(chan time.Time, 10000)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "bytes from") {
+				p.replies <- time.Now()
+			}
+		}
+	}()
+	return p
+}
+
+// next waits for the next reply.
+func (p *pinger) next(within time.Duration) (time.Time, bool) {
+	select {
+	case r := <-p.replies:
+		return r, true
+	case <-time.After(within):
+		return time.Time{}, false
+	}
+}
+
+// resumedAfter is the first reply to a packet sent after at (replies
+// already in flight arrive within one RTT), or zero if none comes within.
+func (p *pinger) resumedAfter(at time.Time, within time.Duration) time.Time {
+	for len(p.replies) > 0 {
+		<-p.replies
+	}
+	for {
+		r, ok := p.next(within)
+		if !ok || r.Sub(at) > 100*time.Millisecond {
+			return r
+		}
 	}
 }

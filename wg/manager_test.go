@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,11 +17,21 @@ import (
 // fakeClient is an in-memory device that applies configs like wireguard-go
 // does, enough to check what Manager sends.
 type fakeClient struct {
+	mu      sync.Mutex
 	dev     wgtypes.Device
 	configs []wgtypes.Config
+	reads   int
+	onRead  func() // called for every read (the watch's tests step a clock)
+	failSet error  // returned by ConfigureDevice when set
 }
 
 func (f *fakeClient) Device(name string) (*wgtypes.Device, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	if f.onRead != nil {
+		f.onRead()
+	}
 	if name != f.dev.Name {
 		return nil, os.ErrNotExist
 	}
@@ -29,9 +40,27 @@ func (f *fakeClient) Device(name string) (*wgtypes.Device, error) {
 	return &d, nil
 }
 
+// edit changes the device behind the Manager's back.
+func (f *fakeClient) edit(fn func(d *wgtypes.Device)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(&f.dev)
+}
+
+func (f *fakeClient) readCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
+}
+
 func (f *fakeClient) ConfigureDevice(name string, cfg wgtypes.Config) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if name != f.dev.Name {
 		return os.ErrNotExist
+	}
+	if f.failSet != nil {
+		return f.failSet
 	}
 	f.configs = append(f.configs, cfg)
 	if cfg.ReplacePeers {
@@ -69,6 +98,9 @@ func (f *fakeClient) ConfigureDevice(name string, cfg wgtypes.Config) error {
 		}
 		if pc.PersistentKeepaliveInterval != nil {
 			p.PersistentKeepaliveInterval = *pc.PersistentKeepaliveInterval
+		}
+		if pc.PresharedKey != nil {
+			p.PresharedKey = *pc.PresharedKey
 		}
 		if pc.ReplaceAllowedIPs {
 			p.AllowedIPs = nil
@@ -122,10 +154,21 @@ func TestManagerApply(t *testing.T) {
 		t.Fatal("idempotent apply sent a config")
 	}
 
-	// Peer a roams; the same plan must keep the learned endpoint.
+	// Peer a roams; the same plan must keep the learned endpoint, and the
+	// apply against memory sends nothing and reads nothing.
 	fc.dev.Peers[0].Endpoint = udp("198.51.100.9:1234")
-	if rep, err = m.Apply(ctx, plan); err != nil || rep.Changed() || len(rep.KeptEndpoints) != 1 {
-		t.Fatalf("roamed apply: rep=%+v err=%v", rep, err)
+	reads := fc.reads
+	if rep, err = m.Apply(ctx, plan); err != nil || rep.Changed() || len(fc.configs) != n || fc.reads != reads {
+		t.Fatalf("roamed apply: rep=%+v err=%v, %d configs sent, %d device reads", rep, err, len(fc.configs)-n, fc.reads-reads)
+	}
+	// After a restart (no memory) the device is read: the learned endpoint
+	// is kept and reported so.
+	m2, _ := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc, Resolver: m.resolver})
+	if rep, err := m2.Apply(ctx, plan); err != nil || rep.Changed() || len(rep.KeptEndpoints) != 1 {
+		t.Fatalf("roamed apply after a restart: rep=%+v err=%v", rep, err)
+	}
+	if got := fc.dev.Peers[0].Endpoint.String(); got != "198.51.100.9:1234" {
+		t.Fatalf("learned endpoint overwritten: %s", got)
 	}
 	// The operator moves peer a: the new configured endpoint wins once.
 	plan.Peers[0].Endpoint = "192.0.2.11:51820"

@@ -5,75 +5,196 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"k8s.io/utils/clock"
 )
 
-// WatchOptions configures Watch.
+// WatchOptions configures Watch. The zero value of a field is its default.
 type WatchOptions struct {
-	// Interval between device reads (drift and sessions).
-	Interval time.Duration
-	// FastInterval is used while a watched session has traffic going
-	// unanswered, so a half-dead session is settled within a second.
-	FastInterval time.Duration
+	// Interval is the shortest time between two drift reads of a device
+	// without a change feed (default 1 s). Reads are spaced further apart
+	// so that they take at most ReadShare of the time (default 0.002): a
+	// read that takes 8 ms is repeated every 4 s.
+	Interval  time.Duration
+	ReadShare float64
+	// Backstop: the device is read at least this often, feed or not
+	// (default 30 s, Kilo's resync), for what no feed reports: WireGuard
+	// moving a non-roaming peer's endpoint to a packet's source.
+	Backstop time.Duration
 	// Sessions enables the half-dead session rule for peers with a
-	// SessionProbe; Probe sends the probe (ICMP echo).
-	Sessions bool
-	Policy   SessionPolicy
-	Probe    func(ctx context.Context, addr netip.Addr) error
+	// SessionProbe: while there are any, their counters are read every
+	// SessionInterval (default 250 ms), every FastInterval (default 50 ms)
+	// while one has traffic going unanswered, so a half-dead session is
+	// settled within a second. Probe sends the probe (ICMP echo).
+	Sessions        bool
+	SessionInterval time.Duration
+	FastInterval    time.Duration
+	Policy          SessionPolicy
+	Probe           func(ctx context.Context, addr netip.Addr) error
 	// OnRepair is called for every session re-established (metrics).
 	OnRepair func(peer string)
-	Now      func() time.Time
+	// Clock drives the reads and the session rule (nil: the real clock).
+	Clock clock.Clock
 }
 
-// Watch reads the device every Interval until ctx ends. It signals
-// (coalesced) when the device no longer matches the last apply — a peer
-// removed, added or changed by someone else (`wg set ... remove` raises no
-// netlink event, never on a userspace device) — so the agent re-applies at
-// once; a read error counts as drift (a vanished device must be recreated).
-// In the same read it applies the half-dead session rule (session.go).
-func (m *Manager) Watch(ctx context.Context, o WatchOptions) <-chan struct{} {
-	if o.Now == nil {
-		o.Now = time.Now
+func (o WatchOptions) withDefaults() WatchOptions {
+	if o.Interval <= 0 {
+		o.Interval = time.Second
 	}
-	if o.FastInterval <= 0 || o.FastInterval > o.Interval {
-		o.FastInterval = o.Interval
+	if o.ReadShare <= 0 {
+		o.ReadShare = 0.002
+	}
+	if o.Backstop <= 0 {
+		o.Backstop = 30 * time.Second
+	}
+	o.Interval = min(o.Interval, o.Backstop)
+	if o.SessionInterval <= 0 {
+		o.SessionInterval = 250 * time.Millisecond
+	}
+	if o.FastInterval <= 0 || o.FastInterval > o.SessionInterval {
+		o.FastInterval = o.SessionInterval
 	}
 	if o.Policy == (SessionPolicy{}) {
 		o.Policy = DefaultSessionPolicy
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return o
+}
+
+// Watch watches the device until ctx ends and signals (coalesced) when it
+// no longer matches the last apply — a peer removed, added or changed by
+// someone else — so the agent re-applies at once; a read error counts as
+// drift (a vanished device must be recreated). The device is read:
+//   - when a device meshlet hosts reports a configuration written by
+//     another process (changes.go): a peer removed with `wg set` is seen
+//     within milliseconds, and an idle device is never read for drift but
+//     every Backstop;
+//   - else (kernel WireGuard, a userspace device someone else runs) every
+//     Interval or, on a large device, as often as ReadShare allows: a
+//     removed peer is back within that period (README, "Scale");
+//   - every SessionInterval while peers with a SessionProbe are applied,
+//     for the half-dead session rule (session.go), which the same read
+//     serves.
+func (m *Manager) Watch(ctx context.Context, o WatchOptions) <-chan struct{} {
+	o = o.withDefaults()
 	out := make(chan struct{}, 1)
+	go m.watch(ctx, o, out)
+	return out
+}
+
+func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}) {
 	sw := &sessionWatch{policy: o.Policy}
-	go func() {
-		t := time.NewTimer(o.Interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			drifted, probes, err := m.watchOnce(ctx, sw, o)
-			if drifted || (err != nil && ctx.Err() == nil) {
-				select {
-				case out <- struct{}{}:
-				default:
-				}
-			}
-			for _, a := range probes {
-				if err := o.Probe(ctx, a); err != nil && ctx.Err() == nil {
-					m.log.Warn("probing a WireGuard session failed", "interface", m.iface, "address", a.String(), "error", err)
-				}
-			}
-			next := o.Interval
-			if sw.pending() {
-				next = o.FastInterval
-			}
-			t.Reset(next)
+	self := os.Getpid()
+	var feed *changeSub
+	defer func() {
+		if feed != nil {
+			feed.close()
 		}
 	}()
-	return out
+	signal := func() {
+		select {
+		case out <- struct{}{}:
+		default:
+		}
+	}
+	var cost time.Duration // of the last read
+	lastRead := o.Clock.Now()
+	mode := ""
+	for {
+		if feed == nil {
+			if f, err := m.subscribe(); err == nil {
+				feed = f
+			}
+		}
+		if now := m.readMode(feed != nil); now != mode {
+			mode = now
+			m.log.Info("watching the WireGuard device for changes made behind meshlet's back", "interface", m.iface,
+				"how", mode, "read", m.readInterval(feed != nil, cost, sw, o).String())
+		}
+		var feedC <-chan int
+		if feed != nil {
+			feedC = feed.C
+		}
+		if wait := lastRead.Add(m.readInterval(feed != nil, cost, sw, o)).Sub(o.Clock.Now()); wait > 0 {
+			t := o.Clock.NewTimer(wait)
+			read := false
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C():
+				read = true
+			case <-m.changed:
+				// An apply changed what is watched (sessions): plan anew.
+			case pid, ok := <-feedC:
+				if !ok {
+					// The device process stopped: read now (an error is drift).
+					feed.close()
+					feed = nil
+				}
+				read = !ok || pid != self
+			}
+			t.Stop()
+			if !read {
+				continue
+			}
+		}
+		start := o.Clock.Now()
+		drifted, probes, err := m.watchOnce(ctx, sw, o)
+		lastRead = o.Clock.Now()
+		cost = lastRead.Sub(start)
+		if drifted || (err != nil && ctx.Err() == nil) {
+			signal()
+		}
+		for _, a := range probes {
+			if err := o.Probe(ctx, a); err != nil && ctx.Err() == nil {
+				m.log.Warn("probing a WireGuard session failed", "interface", m.iface, "address", a.String(), "error", err)
+			}
+		}
+	}
+}
+
+// readInterval is the time from one read to the next.
+func (m *Manager) readInterval(fed bool, cost time.Duration, sw *sessionWatch, o WatchOptions) time.Duration {
+	d := o.Backstop
+	if !fed {
+		d = min(max(o.Interval, time.Duration(float64(cost)/o.ReadShare)), o.Backstop)
+	}
+	if o.Sessions && m.watchesSessions() {
+		s := o.SessionInterval
+		if sw.pending() {
+			s = o.FastInterval
+		}
+		d = min(d, s)
+	}
+	return d
+}
+
+// readMode says, for the log, how drift is found.
+func (m *Manager) readMode(fed bool) string {
+	if fed {
+		return "change feed of the device"
+	}
+	return "periodic device read"
+}
+
+func (m *Manager) watchesSessions() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.applied != nil && m.applied.probes > 0
+}
+
+// subscribe is subscribeChanges for the managed device (tests replace it).
+func (m *Manager) subscribe() (*changeSub, error) {
+	if m.subscribeFn != nil {
+		return m.subscribeFn()
+	}
+	return subscribeChanges(m.iface)
 }
 
 // watchOnce reads the device once: drift against the last apply, and the
@@ -92,13 +213,14 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	if err != nil {
 		return false, nil, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 	}
-	in := *m.applied
-	in.LastEndpoints, in.Names = m.lastEndpoints, m.names
-	_, rep := Diff(in, cur)
-	if rep.Changed() || !o.Sessions {
-		// Drift first: the re-apply restores the device, the sessions are
-		// looked at on the next read.
-		return rep.Changed(), nil, nil
+	if _, rep := Diff(m.applied.input(m.lastEndpoints, m.names), cur); rep.Changed() {
+		// Drift first: the re-apply reads and restores the device, the
+		// sessions are looked at on the next read.
+		m.stale = true
+		return true, nil, nil
+	}
+	if !o.Sessions || m.applied.probes == 0 {
+		return false, nil, nil
 	}
 	onDevice := make(map[wgtypes.Key]*wgtypes.Peer, len(cur.Peers))
 	for i := range cur.Peers {
@@ -106,19 +228,19 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	}
 	var samples []watched
 	byKey := map[wgtypes.Key]ResolvedPeer{}
-	for _, p := range m.applied.Peers {
+	for _, p := range m.applied.peers {
 		d := onDevice[p.PublicKey]
 		if !p.SessionProbe.IsValid() || d == nil {
 			continue
 		}
-		byKey[p.PublicKey] = p
+		byKey[p.PublicKey] = p.ResolvedPeer
 		hs := d.LastHandshakeTime
 		if hs.Unix() <= 0 {
 			hs = time.Time{}
 		}
 		samples = append(samples, watched{key: p.PublicKey, sample: sessionSample{rx: d.ReceiveBytes, tx: d.TransmitBytes, handshake: hs}})
 	}
-	probe, repair := sw.assess(o.Now(), samples)
+	probe, repair := sw.assess(o.Clock.Now(), samples)
 	for _, k := range probe {
 		probes = append(probes, byKey[k].SessionProbe)
 	}
@@ -135,6 +257,7 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, pc)
 	}
 	if err := m.client.ConfigureDevice(m.iface, cfg); err != nil {
+		m.stale = true
 		return false, probes, fmt.Errorf("wg: re-establish sessions on %s: %w", m.iface, err)
 	}
 	for _, k := range repair {

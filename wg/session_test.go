@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // TestAssessSession walks the rule through sequences of samples taken every
@@ -142,7 +143,8 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 	fc.dev.Peers[0].Endpoint = udp("198.51.100.7:40000") // roamed
 	sw := &sessionWatch{policy: DefaultSessionPolicy}
 	var repaired []string
-	o := WatchOptions{Sessions: true, Now: func() time.Time { return now }, OnRepair: func(p string) { repaired = append(repaired, p) }}
+	clk := testingclock.NewFakeClock(now)
+	o := WatchOptions{Sessions: true, Clock: clk, OnRepair: func(p string) { repaired = append(repaired, p) }}
 	var probed []netip.Addr
 	configs := len(fc.configs)
 	for i := 0; i < 10; i++ {
@@ -154,7 +156,7 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		probed = append(probed, p...)
-		now = now.Add(100 * time.Millisecond)
+		clk.Step(100 * time.Millisecond)
 	}
 	if len(probed) != 1 || probed[0] != kg.SessionProbe {
 		t.Errorf("probed %v, want one probe of %v", probed, kg.SessionProbe)

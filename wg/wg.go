@@ -92,10 +92,22 @@ type Manager struct {
 	lastEndpoints map[wgtypes.Key]string
 	// names remembers peer names so removals can be reported by name.
 	names map[wgtypes.Key]string
-	// applied is the last successfully applied input, so Drifted can tell
-	// whether someone changed the device since (e.g. `wg set ... remove`,
-	// which raises no netlink event on a userspace device).
-	applied *DiffInput
+	// applied is what this process last wrote to the device: applies are
+	// diffed against it, and the watch compares device reads with it. nil
+	// before the first apply.
+	applied *appliedState
+	// stale: the device may differ from applied (drift seen, a write
+	// failed); the next apply reads the device and diffs against it.
+	stale bool
+	// changed wakes the watch when an apply changed what it watches.
+	changed chan struct{}
+	// resolved is resolve's buffer.
+	resolved []ResolvedPeer
+	// subscribeFn replaces subscribeChanges in tests.
+	subscribeFn func() (*changeSub, error)
+	// handshakes are the peers added since the last InitiateHandshakes that
+	// WireGuard might not reach by itself (handshake.go).
+	handshakes map[wgtypes.Key]struct{}
 }
 
 // NewManager returns a Manager for cfg.Interface.
@@ -117,6 +129,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		log:           cfg.Logger,
 		lastEndpoints: map[wgtypes.Key]string{},
 		names:         map[wgtypes.Key]string{},
+		changed:       make(chan struct{}, 1),
 	}
 	if m.resolver == nil {
 		m.resolver = net.DefaultResolver
@@ -134,6 +147,10 @@ func (m *Manager) PublicKey() wgtypes.Key { return m.key.PublicKey() }
 func (m *Manager) Interface() string { return m.iface }
 
 // Apply reconciles the device with desired and reports what it changed.
+// It diffs desired against what it applied last (diffApplied), so a change
+// costs what it changes whatever the size of the device; the device is read
+// only on the first apply, after drift or a failed write, and when the
+// memory cannot decide (see diffApplied).
 func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -142,38 +159,33 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 	if err := ctx.Err(); err != nil {
 		return Report{}, fmt.Errorf("wg: apply %s: %w", m.iface, err)
 	}
-	cur, err := m.client.Device(m.iface)
-	if err != nil {
-		return Report{}, fmt.Errorf("wg: read device %s: %w", m.iface, err)
+	in := DiffInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: peers, LastEndpoints: m.lastEndpoints, Names: m.names}
+	var d appliedDiff
+	read := m.applied == nil || m.stale
+	if !read {
+		d = diffApplied(in, m.applied)
+		read = d.needRead
 	}
-	cfg, rep := Diff(DiffInput{
-		PrivateKey:    m.key,
-		ListenPort:    desired.ListenPort,
-		Peers:         peers,
-		LastEndpoints: m.lastEndpoints,
-		Names:         m.names,
-	}, cur)
+	cfg, rep := d.cfg, d.rep
+	port := 0
+	if read {
+		cur, err := m.client.Device(m.iface)
+		if err != nil {
+			return Report{}, fmt.Errorf("wg: read device %s: %w", m.iface, err)
+		}
+		cfg, rep = Diff(in, cur)
+		port = cur.ListenPort
+	}
 	rep.Interface = m.iface
 	if rep.Changed() {
 		if err := m.client.ConfigureDevice(m.iface, cfg); err != nil {
+			// What part of cfg reached the device is unknown: read it next time.
+			m.stale = true
 			return Report{}, fmt.Errorf("wg: configure device %s (%d peers): %w", m.iface, rep.PeersTouched(), err)
 		}
 	}
-	// Only after success: remember what was applied. Peers whose endpoint did
-	// not resolve keep their old memory so a later successful resolution
-	// counts as a change only if the string really changed.
-	names := make(map[wgtypes.Key]string, len(peers))
-	last := make(map[wgtypes.Key]string, len(peers))
-	for _, p := range peers {
-		names[p.PublicKey] = p.Name
-		if p.ResolveErr == nil {
-			last[p.PublicKey] = p.Endpoint
-		} else if prev, ok := m.lastEndpoints[p.PublicKey]; ok {
-			last[p.PublicKey] = prev
-		}
-	}
-	m.names, m.lastEndpoints = names, last
-	m.applied = &DiffInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: peers}
+	m.remember(in, rep, d.changed, read, port)
+	m.noteHandshakes(rep.Added)
 
 	if rep.Changed() {
 		m.log.LogAttrs(ctx, slog.LevelInfo, "wireguard peers applied",
@@ -182,7 +194,8 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 			slog.Any("updated", changeNames(rep.Updated)),
 			slog.Any("removed", changeNames(rep.Removed)),
 			slog.Bool("listenPortChanged", rep.ListenPort),
-			slog.Bool("privateKeyChanged", rep.PrivateKey))
+			slog.Bool("privateKeyChanged", rep.PrivateKey),
+			slog.Bool("deviceRead", read))
 	}
 	for _, u := range rep.Unresolved {
 		m.log.LogAttrs(ctx, slog.LevelWarn, "wireguard endpoint not resolved; endpoint left unchanged",
@@ -190,6 +203,58 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 			slog.String("endpoint", u.Endpoint), slog.String("error", u.Error))
 	}
 	return rep, nil
+}
+
+// remember records a successful apply of in. After a device read the
+// memory is rebuilt (the device had what it had); otherwise only the
+// changed peers (indexes into in.Peers) are written over and the removed
+// ones forgotten, so an apply costs nothing for the peers that did not
+// change. Peers whose endpoint did not resolve keep their endpoint memory,
+// so a later successful resolution counts as a change only if the string
+// changed.
+func (m *Manager) remember(in DiffInput, rep Report, changed []int, read bool, port int) {
+	probes := 0
+	if m.applied != nil {
+		probes = m.applied.probes
+	}
+	if read {
+		names := make(map[wgtypes.Key]string, len(in.Peers))
+		last := make(map[wgtypes.Key]string, len(in.Peers))
+		for _, p := range in.Peers {
+			names[p.PublicKey] = p.Name
+			if p.ResolveErr == nil {
+				last[p.PublicKey] = p.Endpoint
+			} else if prev, ok := m.lastEndpoints[p.PublicKey]; ok {
+				last[p.PublicKey] = prev
+			}
+		}
+		m.names, m.lastEndpoints = names, last
+		m.applied, m.stale = newApplied(in, port), false
+	} else {
+		for _, r := range rep.Removed {
+			delete(m.names, r.PublicKey)
+			delete(m.lastEndpoints, r.PublicKey)
+			m.applied.remove(r.PublicKey)
+		}
+		for _, i := range changed {
+			p := in.Peers[i]
+			m.names[p.PublicKey] = p.Name
+			if p.ResolveErr == nil {
+				m.lastEndpoints[p.PublicKey] = p.Endpoint
+			}
+			m.applied.set(p)
+		}
+		m.applied.privateKey = in.PrivateKey
+		if in.ListenPort != 0 {
+			m.applied.listenPort = in.ListenPort
+		}
+	}
+	if rep.Changed() || m.applied.probes != probes {
+		select {
+		case m.changed <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Stats reads the device for metrics.
@@ -241,42 +306,54 @@ func StatsFromDevice(d *wgtypes.Device) DeviceStats {
 }
 
 // resolve turns "host:port" endpoints into addresses. A failure affects only
-// that peer's endpoint: the peer itself is still configured.
+// that peer's endpoint: the peer itself is still configured. An address
+// literal applied before is not parsed again; names are looked up on every
+// apply.
 func (m *Manager) resolve(ctx context.Context, peers []PeerSpec) []ResolvedPeer {
-	out := make([]ResolvedPeer, len(peers))
+	// The slice is reused from apply to apply (applies are serialised and
+	// nothing keeps it): a large device costs no allocation per apply.
+	out := slices.Grow(m.resolved[:0], len(peers))[:len(peers)]
+	m.resolved = out
 	for i, p := range peers {
-		out[i].PeerSpec = p
+		out[i] = ResolvedPeer{PeerSpec: p}
 		if p.Endpoint == "" {
 			continue
 		}
-		addr, err := resolveEndpoint(ctx, m.resolver, p.Endpoint)
+		if m.applied != nil {
+			if prev := m.applied.peers[p.PublicKey]; prev != nil && prev.literal && prev.Endpoint == p.Endpoint {
+				out[i].Addr, out[i].literal = prev.Addr, true
+				continue
+			}
+		}
+		addr, literal, err := resolveEndpoint(ctx, m.resolver, p.Endpoint)
 		if err != nil {
 			out[i].ResolveErr = err
 			continue
 		}
-		out[i].Addr = addr
+		out[i].Addr, out[i].literal = addr, literal
 	}
 	return out
 }
 
-func resolveEndpoint(ctx context.Context, r Resolver, endpoint string) (*net.UDPAddr, error) {
+// resolveEndpoint resolves endpoint; literal says it was an address.
+func resolveEndpoint(ctx context.Context, r Resolver, endpoint string) (addr *net.UDPAddr, literal bool, err error) {
 	host, portStr, err := net.SplitHostPort(endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("endpoint %q: %w", endpoint, err)
+		return nil, false, fmt.Errorf("endpoint %q: %w", endpoint, err)
 	}
 	port, err := strconv.ParseUint(portStr, 10, 16)
 	if err != nil || port == 0 {
-		return nil, fmt.Errorf("endpoint %q: invalid port", endpoint)
+		return nil, false, fmt.Errorf("endpoint %q: invalid port", endpoint)
 	}
 	if a, err := netip.ParseAddr(host); err == nil {
-		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(a.Unmap(), uint16(port))), nil
+		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(a.Unmap(), uint16(port))), true, nil
 	}
 	addrs, err := r.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return nil, fmt.Errorf("resolve endpoint %q: %w", endpoint, err)
+		return nil, false, fmt.Errorf("resolve endpoint %q: %w", endpoint, err)
 	}
 	if len(addrs) == 0 {
-		return nil, fmt.Errorf("resolve endpoint %q: no addresses", endpoint)
+		return nil, false, fmt.Errorf("resolve endpoint %q: no addresses", endpoint)
 	}
 	// Prefer IPv4 for determinism across nodes with and without IPv6.
 	pick := addrs[0]
@@ -286,7 +363,7 @@ func resolveEndpoint(ctx context.Context, r Resolver, endpoint string) (*net.UDP
 			break
 		}
 	}
-	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(pick.Unmap(), uint16(port))), nil
+	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(pick.Unmap(), uint16(port))), false, nil
 }
 
 func changeNames(cs []PeerChange) []string {

@@ -131,11 +131,12 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	repairs := metrics.NewSessionRepairs(reg)
 	// Someone editing kilo0's peers (`wg set ... peer X remove`) raises no
-	// netlink event (never on a userspace device); polling the device is
-	// cheap and brings such a change back in well under a second. The same
-	// read watches the sessions to kg-run peers.
+	// netlink event: the userspace device meshlet hosts reports it on its
+	// change feed, other devices are read periodically (wg.Manager.Watch,
+	// README "Scale"). The same reads watch the sessions to kg-run peers.
 	drift := mgr.Watch(ctx, wg.WatchOptions{
-		Interval: driftInterval, FastInterval: sessionInterval, Sessions: cfg.RepairSessions, Probe: wg.ProbeICMP,
+		Interval: driftInterval, Backstop: driftBackstop, SessionInterval: sessionInterval, FastInterval: sessionFastInterval,
+		Sessions: cfg.RepairSessions, Probe: wg.ProbeICMP,
 		OnRepair: func(peer string) { repairs.WithLabelValues(peer).Inc() },
 	})
 	changes := mergeSignals(ctx, netlinkChanges, drift)
@@ -193,12 +194,16 @@ func noArgs(c *cobra.Command, args []string) error {
 	return nil
 }
 
-// driftInterval is how often the WireGuard device is compared with what
-// meshlet applied last; sessionInterval how often while a kg peer's
-// session has traffic going unanswered.
+// How often the WireGuard device is read (wg.WatchOptions): without a
+// change feed at most every driftInterval (less often on a large device),
+// with one every driftBackstop; the counters of kg-run peers every
+// sessionInterval, every sessionFastInterval while one's session has
+// traffic going unanswered.
 const (
-	driftInterval   = 250 * time.Millisecond
-	sessionInterval = 50 * time.Millisecond
+	driftInterval       = time.Second
+	driftBackstop       = 30 * time.Second
+	sessionInterval     = 250 * time.Millisecond
+	sessionFastInterval = 50 * time.Millisecond
 )
 
 // mergeSignals forwards every signal of ins to one coalescing channel.

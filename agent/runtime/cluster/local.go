@@ -64,13 +64,20 @@ func NewLocal(o LocalOptions) (*Local, error) {
 		objs:   newObjects(""),
 		meshes: map[string]*clustermesh.ClusterMesh{}, secrets: map[string]map[string][]byte{},
 	}
-	nf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTransform(kilo.TransformNode))
-	l.nodeInf = nf.Core().V1().Nodes().Informer()
-	sf := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithNamespace(o.Namespace),
+	wc, err := watchClient(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := nodeRESTClient(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
+	sf := informers.NewSharedInformerFactoryWithOptions(wc, 0, informers.WithNamespace(o.Namespace),
 		informers.WithTransform(transformSecret))
 	l.secretInf = sf.Core().V1().Secrets().Informer()
-	l.peerInf = crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
-	l.meshInf = crdInformer(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
+	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	l.meshInf = informerFor(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
 
 	_, _ = l.nodeInf.AddEventHandler(handler(l.onNode))
 	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))

@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -225,17 +224,26 @@ func (w *remote) stop() {
 func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.stop()
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err == nil {
-		cfg.UserAgent = "meshlet-remote"
-		cfg.Timeout = 15 * time.Second
-	}
 	var client kubernetes.Interface
-	var rc rest.Interface
+	var rc, nodes rest.Interface
 	if err == nil {
-		client, err = kubernetes.NewForConfig(cfg)
+		// The informers' clients have no client-side timeout: it would cut
+		// every watch after it (the reflector then re-watches; the scale
+		// lane counted one watch request per 15 s on each API server). The
+		// server ends watches after 5–10 min; a dead connection is closed
+		// by client-go's HTTP/2 health check (a ping after 30 s without a
+		// frame, 15 s for its answer); the probe's client has the timeout
+		// and says at once that the API server is gone.
+		cfg.UserAgent = "meshlet-remote"
+		rc, err = KiloClient(cfg)
 	}
 	if err == nil {
-		rc, err = KiloClient(cfg)
+		nodes, err = nodeRESTClient(cfg)
+	}
+	if err == nil {
+		probeCfg := rest.CopyConfig(cfg)
+		probeCfg.Timeout = 15 * time.Second
+		client, err = kubernetes.NewForConfig(probeCfg)
 	}
 	w.mu.Lock()
 	w.connectErr = err
@@ -252,9 +260,8 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.cancel = cancel
 	w.mu.Unlock()
 
-	nf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(kilo.TransformNode))
-	nodeInf := nf.Core().V1().Nodes().Informer()
-	peerInf := crdInformer(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
+	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
 	_, _ = nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {

@@ -27,6 +27,11 @@ func (w *WireGuard) Apply(ctx context.Context, dev topology.Device) (reconcile.C
 	return r.Counts(), err
 }
 
+// InitiateHandshakes implements reconcile.WireGuard.
+func (w *WireGuard) InitiateHandshakes(ctx context.Context) (int, error) {
+	return w.Manager.InitiateHandshakes(ctx)
+}
+
 // Stats reads the device (metrics at scrape time).
 func (w *WireGuard) Stats(ctx context.Context) (wg.DeviceStats, error) { return w.Manager.Stats(ctx) }
 

@@ -38,8 +38,12 @@ type SelfSource interface {
 }
 
 // WireGuard applies the desired device and reports what it changed.
+// InitiateHandshakes runs after the host is applied (the link up): it greets
+// the peers the apply added, so a session the other side still holds is
+// replaced at once (wg.Manager.InitiateHandshakes).
 type WireGuard interface {
 	Apply(ctx context.Context, dev topology.Device) (Changes, error)
+	InitiateHandshakes(ctx context.Context) (int, error)
 }
 
 // Host applies everything else: link, addresses, routes, rules, tunnel,
@@ -106,7 +110,8 @@ type Loop struct {
 	PeerLabels PeerLabels
 	Metrics    *metrics.Agent
 	Log        *slog.Logger
-	// Debounce gathers a burst of events into one run (≤ 100 ms).
+	// Debounce bounds the window that gathers a burst of events into one
+	// run (default 100 ms; see schedule).
 	Debounce time.Duration
 	// Resync runs the loop periodically even without events.
 	Resync time.Duration
@@ -115,8 +120,13 @@ type Loop struct {
 
 	mu          sync.Mutex
 	firstChange time.Time
+	changes     int // notifications since the last run started
 	wake        chan struct{}
 	once        sync.Once
+	sched       schedule
+	// runDone, when set (tests), gets a value after every run of Run has
+	// finished, timers included.
+	runDone chan struct{}
 
 	ready   atomic.Bool
 	lastErr atomic.Pointer[string]
@@ -155,6 +165,7 @@ func (l *Loop) init() {
 		if l.Debounce <= 0 {
 			l.Debounce = 100 * time.Millisecond
 		}
+		l.sched.max = l.Debounce
 		if l.Resync <= 0 {
 			l.Resync = 30 * time.Second
 		}
@@ -170,6 +181,7 @@ func (l *Loop) Notify(seen time.Time) {
 	if !seen.IsZero() && (l.firstChange.IsZero() || seen.Before(l.firstChange)) {
 		l.firstChange = seen
 	}
+	l.changes++
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -202,24 +214,116 @@ func stop(t clock.Timer) {
 	}
 }
 
+// schedule decides when a run starts for a change seen at a given time:
+// at once when the loop has been idle for a window, else when the window
+// after the last run ends. A lone change is thus applied as soon as it is
+// seen, and a run held back takes everything that arrived meanwhile. The
+// window is as long as the last run took (during a storm the loop runs at
+// most about half the time), at least minWindow, doubled after every held
+// run that gathered several changes (a storm becomes a few runs a second,
+// while a sequence of single changes keeps the short window), never more
+// than max; a run started at once resets it.
+type schedule struct {
+	max time.Duration
+	// fixed is the debounce before December 2026 (every run max after the
+	// first change behind it), kept for the benchmarks to compare with.
+	fixed    bool
+	ran      bool
+	lastEnd  time.Time
+	lastTook time.Duration
+	grown    time.Duration // the storm's window; 0 = minWindow
+}
+
+// minWindow is the shortest trailing window: the events of one change
+// (a Node and the Peers it brings, a ClusterMesh and its Secret) arrive
+// within a few milliseconds of each other.
+const minWindow = 20 * time.Millisecond
+
+// start is when a run for a change seen at now starts.
+func (s *schedule) start(now time.Time) time.Time {
+	if s.fixed {
+		return now.Add(s.max)
+	}
+	if !s.ran {
+		return now
+	}
+	if end := s.lastEnd.Add(s.window()); end.After(now) {
+		return end
+	}
+	return now
+}
+
+func (s *schedule) window() time.Duration {
+	return min(max(s.lastTook, minWindow, s.grown), s.max)
+}
+
+// done records a run from start to end; held says it waited for a window,
+// changes how many notifications it took.
+func (s *schedule) done(start, end time.Time, held bool, changes int) {
+	switch {
+	case !held:
+		s.grown = 0
+	case changes > 1:
+		s.grown = min(2*max(s.grown, minWindow), s.max)
+	}
+	s.ran, s.lastEnd, s.lastTook = true, end, end.Sub(start)
+}
+
 // Run runs the loop until ctx ends. It never tears the data plane down:
 // on shutdown everything stays as it is, so a restart drops no session.
 func (l *Loop) Run(ctx context.Context) error {
 	l.init()
 	resync := l.Clock.NewTicker(l.Resync)
 	defer resync.Stop()
-	// debounce gathers a burst; retry follows a failed run; expiry fires
-	// when a node's last-seen ages out.
-	var debounce, retry, expiry clock.Timer
-	defer func() { stop(debounce); stop(retry); stop(expiry) }()
+	// pending holds a change back for the schedule; retry follows a failed
+	// run; expiry fires when a node's last-seen ages out.
+	var pending, retry, expiry clock.Timer
+	defer func() { stop(pending); stop(retry); stop(expiry) }()
+	run := func() {
+		held := pending != nil
+		stop(pending)
+		pending = nil
+		l.mu.Lock()
+		first, changes := l.firstChange, l.changes
+		l.firstChange, l.changes = time.Time{}, 0
+		l.mu.Unlock()
+		stop(retry)
+		retry = nil
+		start := l.Clock.Now()
+		if err := l.RunOnce(ctx, first); err != nil && ctx.Err() == nil {
+			l.Log.Error("reconcile failed", "error", err)
+			// Retry soon: a transient failure (API server, netlink busy)
+			// should not wait for the resync period.
+			retry = l.Clock.NewTimer(time.Second)
+		}
+		l.sched.done(start, l.Clock.Now(), held, changes)
+		// Re-plan when a node's last-seen ages out (see
+		// topology.NextReadinessChange); a little after, so the planner
+		// sees it stale.
+		stop(expiry)
+		expiry = nil
+		if next := l.nextChange.Load(); next != 0 {
+			wait := time.Duration(next-l.Clock.Now().UnixNano()) + 100*time.Millisecond
+			expiry = l.Clock.NewTimer(max(wait, 0))
+		}
+		if l.runDone != nil {
+			l.runDone <- struct{}{}
+		}
+	}
 	l.Notify(time.Time{})
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-l.wake:
-			if debounce == nil {
-				debounce = l.Clock.NewTimer(l.Debounce)
+			if pending != nil {
+				break // the pending run takes this change too
+			}
+			now := l.Clock.Now()
+			if at := l.sched.start(now); at.After(now) {
+				pending = l.Clock.NewTimer(at.Sub(now))
+			} else {
+				run()
 			}
 		case <-resync.C():
 			l.Notify(time.Time{})
@@ -229,29 +333,8 @@ func (l *Loop) Run(ctx context.Context) error {
 		case <-timerC(expiry):
 			expiry = nil
 			l.Notify(time.Time{})
-		case <-timerC(debounce):
-			debounce = nil
-			l.mu.Lock()
-			first := l.firstChange
-			l.firstChange = time.Time{}
-			l.mu.Unlock()
-			stop(retry)
-			retry = nil
-			if err := l.RunOnce(ctx, first); err != nil && ctx.Err() == nil {
-				l.Log.Error("reconcile failed", "error", err)
-				// Retry soon: a transient failure (API server, netlink busy)
-				// should not wait for the resync period.
-				retry = l.Clock.NewTimer(time.Second)
-			}
-			// Re-plan when a node's last-seen ages out (see
-			// topology.NextReadinessChange); a little after, so the
-			// planner sees it stale.
-			stop(expiry)
-			expiry = nil
-			if next := l.nextChange.Load(); next != 0 {
-				wait := time.Duration(next-l.Clock.Now().UnixNano()) + 100*time.Millisecond
-				expiry = l.Clock.NewTimer(max(wait, 0))
-			}
+		case <-timerC(pending):
+			run()
 		}
 	}
 }
@@ -313,6 +396,16 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("applying host network: %w", err))
 	}
+	if len(errs) == 0 && !first.IsZero() && l.Metrics != nil {
+		// From the watch event to the data plane written; publishing the
+		// annotations and reporting come after and are not part of it.
+		l.Metrics.Convergence.Observe(l.Clock.Since(first).Seconds())
+	}
+	if len(errs) == 0 {
+		if _, err := l.WireGuard.InitiateHandshakes(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("starting WireGuard handshakes: %w", err))
+		}
+	}
 	patched, err := l.Publisher.Publish(ctx, plan.Annotations)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("publishing annotations: %w", err))
@@ -341,9 +434,6 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
-	}
-	if !first.IsZero() && l.Metrics != nil {
-		l.Metrics.Convergence.Observe(l.Clock.Since(first).Seconds())
 	}
 	l.ready.Store(true)
 	return nil

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"math"
 	"net/netip"
 	"sync"
 	"testing"
@@ -40,9 +41,25 @@ type fakeWG struct {
 	applied []topology.Device
 	err     error
 	done    chan topology.Device
+	// onApply runs inside every apply (a test steps the clock: a slow run).
+	onApply func()
+	// host is the loop's host actuator; greetedAfter records, per
+	// InitiateHandshakes, how many host applies came before it.
+	host         *fakeHost
+	greetedAfter []int
+}
+
+func (f *fakeWG) InitiateHandshakes(context.Context) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.greetedAfter = append(f.greetedAfter, f.host.plans)
+	return 0, nil
 }
 
 func (f *fakeWG) Apply(_ context.Context, d topology.Device) (Changes, error) {
+	if f.onApply != nil {
+		f.onApply()
+	}
 	f.mu.Lock()
 	f.applied = append(f.applied, d)
 	f.mu.Unlock()
@@ -52,16 +69,34 @@ func (f *fakeWG) Apply(_ context.Context, d topology.Device) (Changes, error) {
 	return Changes{"peer": len(d.Peers)}, f.err
 }
 
-type fakeHost struct{ plans int }
+func (f *fakeWG) runs() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.applied)
+}
 
-func (f *fakeHost) Apply(context.Context, topology.Plan) (Changes, error) { f.plans++; return nil, nil }
+type fakeHost struct {
+	plans   int
+	onApply func()
+}
 
-type fakePub struct{ last map[string]string }
+func (f *fakeHost) Apply(context.Context, topology.Plan) (Changes, error) {
+	if f.onApply != nil {
+		f.onApply()
+	}
+	f.plans++
+	return nil, nil
+}
+
+type fakePub struct {
+	last map[string]string
+	err  error
+}
 
 func (f *fakePub) Publish(_ context.Context, a map[string]string) (bool, error) {
 	changed := len(f.last) != len(a)
 	f.last = a
-	return changed, nil
+	return changed, f.err
 }
 
 func twoNodes(now time.Time) []topology.Node {
@@ -74,20 +109,21 @@ func twoNodes(now time.Time) []topology.Node {
 	return []topology.Node{mk(1, "a", "x", "10.0.0.1", "10.244.0.0/24"), mk(2, "b", "y", "10.0.1.1", "10.244.1.0/24")}
 }
 
-func newLoop(t *testing.T, now time.Time) (*Loop, *fakeSnap, *fakeWG, *prometheus.Registry, *testingclock.FakeClock) {
+func newLoop(t testing.TB, now time.Time) (*Loop, *fakeSnap, *fakeWG, *prometheus.Registry, *testingclock.FakeClock) {
 	t.Helper()
 	nodes := twoNodes(now)
 	var k topology.Key
 	k[0] = 1
 	snap := &fakeSnap{snap: topology.Snapshot{Nodes: nodes}, synced: true}
-	wg := &fakeWG{done: make(chan topology.Device, 16)}
+	host := &fakeHost{}
+	wg := &fakeWG{done: make(chan topology.Device, 16), host: host}
 	reg := prometheus.NewRegistry()
 	clk := testingclock.NewFakeClock(now)
 	l := &Loop{
 		Node: "a", Snapshots: snap, Self: fakeSelf{topology.Self{PublicKey: k, DefaultInterface: "eth0",
 			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: nodes[0].InternalIP}}}},
-		WireGuard: wg, Host: &fakeHost{}, Publisher: &fakePub{}, Metrics: metrics.NewAgent(reg),
-		Clock: clk, Debounce: 10 * time.Millisecond, Resync: time.Hour,
+		WireGuard: wg, Host: host, Publisher: &fakePub{}, Metrics: metrics.NewAgent(reg),
+		Clock: clk, Debounce: 100 * time.Millisecond, Resync: time.Hour, runDone: make(chan struct{}, 16),
 	}
 	return l, snap, wg, reg, clk
 }
@@ -109,6 +145,10 @@ func TestRunOnceAppliesPlan(t *testing.T) {
 	}
 	if n, _ := testutil.GatherAndCount(reg, "meshlet_convergence_seconds"); n != 1 {
 		t.Errorf("convergence not observed")
+	}
+	// Handshakes start once, after the host (the link up) is applied.
+	if len(wg.greetedAfter) != 1 || wg.greetedAfter[0] != 1 {
+		t.Errorf("InitiateHandshakes after host applies %v, want [1]", wg.greetedAfter)
 	}
 }
 
@@ -134,6 +174,9 @@ func TestApplyErrorNotReady(t *testing.T) {
 	if l.Ready() || l.LastError() == "" {
 		t.Fatal("ready after a failed apply")
 	}
+	if len(wg.greetedAfter) != 0 {
+		t.Error("handshakes started after a failed apply")
+	}
 	if got := testutil.ToFloat64(l.Metrics.Reconciles.WithLabelValues("error")); got != 1 {
 		t.Errorf("error reconciles = %v", got)
 	}
@@ -152,43 +195,184 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestBurstIsOneRun: a burst of events inside the debounce window becomes
-// exactly one run, started when the window closes and not before; nothing
-// of the burst is left over for a second run.
-func TestBurstIsOneRun(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	l, _, wg, _, clk := newLoop(t, now)
-	l.Debounce = 50 * time.Millisecond
+// startLoop runs l until the test ends and returns after its first run
+// (the loop notifies itself at start), with the loop idle: its timers are
+// the resync ticker and the re-plan for the nodes' last-seen.
+func startLoop(t *testing.T, l *Loop, wg *fakeWG, clk *testingclock.FakeClock) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	done := make(chan struct{})
 	go func() { _ = l.Run(ctx); close(done) }()
-	// Timers of an idle loop: the resync ticker and the re-plan for the
-	// nodes' last-seen (set by the first run); a burst adds the debounce.
-	eventually(t, "the first debounce", func() bool { return clk.Waiters() == 2 })
-	clk.Step(l.Debounce)
+	t.Cleanup(func() { cancel(); <-done })
+	waitRun(t, l, wg)
+	waitIdle(t, l, clk)
+}
+
+func waitIdle(t *testing.T, l *Loop, clk *testingclock.FakeClock) {
+	t.Helper()
+	eventually(t, "an idle loop", func() bool { return clk.Waiters() == 2 && len(l.wake) == 0 })
+}
+
+// waitHeld waits until the loop took every notification and holds a run
+// back for the window (a third timer).
+func waitHeld(t *testing.T, l *Loop, clk *testingclock.FakeClock) {
+	t.Helper()
+	eventually(t, "a run held back", func() bool { return clk.Waiters() == 3 && len(l.wake) == 0 })
+}
+
+// waitRun waits for a run of the loop to finish and returns what it
+// applied.
+func waitRun(t *testing.T, l *Loop, wg *fakeWG) topology.Device {
+	t.Helper()
+	var d topology.Device
+	select {
+	case d = <-wg.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no run")
+	}
+	select {
+	case <-l.runDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a run did not finish")
+	}
+	return d
+}
+
+// TestLoneChangeRunsAtOnce: a change that comes after a quiet window is
+// applied as soon as it is seen, without waiting for any timer.
+func TestLoneChangeRunsAtOnce(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, _, wg, reg, clk := newLoop(t, now)
+	startLoop(t, l, wg, clk)
+	clk.Step(minWindow)
+	l.Notify(clk.Now())
+	waitRun(t, l, wg) // the clock did not move
+	if n, _ := testutil.GatherAndCount(reg, "meshlet_convergence_seconds"); n != 1 {
+		t.Errorf("convergence not observed for the lone change")
+	}
+}
+
+// TestBurstCoalesced: changes that arrive within the window after a run
+// wait for its end and become one run, not before and not split; a change
+// after that run waits for the next window, doubled by the burst; a change
+// after a quiet window runs at once again.
+func TestBurstCoalesced(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, _, wg, _, clk := newLoop(t, now)
+	startLoop(t, l, wg, clk) // run 1 at 0 ms; the window (the run took 0) is minWindow
+	clk.Step(10 * time.Millisecond)
+	for range 5 {
+		l.Notify(clk.Now())
+	}
+	waitHeld(t, l, clk)
+	clk.Step(minWindow - 10*time.Millisecond - time.Millisecond) // 1 ms before the window ends
+	for range 5 {
+		l.Notify(clk.Now())
+	}
+	waitHeld(t, l, clk)
+	if n := wg.runs(); n != 1 {
+		t.Fatalf("%d runs before the window ended, want 1", n)
+	}
+	clk.Step(time.Millisecond)
+	waitRun(t, l, wg) // run 2: the ten changes
+	waitIdle(t, l, clk)
+	if n := wg.runs(); n != 2 {
+		t.Fatalf("%d runs for one burst, want 2 (the first, then the burst)", n)
+	}
+	// Within the window after run 2, which gathered several changes: that
+	// window is twice as long, and the change is held until it ends.
+	clk.Step(5 * time.Millisecond)
+	l.Notify(clk.Now())
+	waitHeld(t, l, clk)
+	clk.Step(2*minWindow - 5*time.Millisecond - time.Millisecond)
+	waitHeld(t, l, clk)
+	clk.Step(time.Millisecond)
+	waitRun(t, l, wg) // run 3
+	waitIdle(t, l, clk)
+	// Late and alone: at once.
+	clk.Step(time.Second)
+	l.Notify(clk.Now())
+	waitRun(t, l, wg) // run 4
+	waitIdle(t, l, clk)
+	if n := wg.runs(); n != 4 {
+		t.Fatalf("%d runs, want 4", n)
+	}
+}
+
+// TestWindowFollowsRunTime: after a run that took 60 ms the window is
+// 60 ms (the loop runs at most about half the time during a storm), and
+// never more than Debounce.
+func TestWindowFollowsRunTime(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, _, wg, _, clk := newLoop(t, now)
+	l.Debounce = 100 * time.Millisecond
+	took := 60 * time.Millisecond
+	wg.onApply = func() { clk.Step(took) }
+	startLoop(t, l, wg, clk)
+	clk.Step(30 * time.Millisecond)
+	l.Notify(clk.Now())
+	waitHeld(t, l, clk)
+	clk.Step(29 * time.Millisecond)
+	waitHeld(t, l, clk)
+	if n := wg.runs(); n != 1 {
+		t.Fatalf("ran %d times before the 60 ms window ended", n)
+	}
+	took = 500 * time.Millisecond
+	clk.Step(time.Millisecond)
+	waitRun(t, l, wg) // took 500 ms: the next window is Debounce
+	waitIdle(t, l, clk)
+	l.Notify(clk.Now())
+	waitHeld(t, l, clk)
+	clk.Step(99 * time.Millisecond)
+	waitHeld(t, l, clk)
+	clk.Step(time.Millisecond)
+	waitRun(t, l, wg)
+}
+
+// TestConvergenceIsWatchToDataPlane: meshlet_convergence_seconds runs from
+// the watch event to the data plane written (device and host), whatever
+// comes after (publishing), and is not observed when the data plane failed.
+func TestConvergenceIsWatchToDataPlane(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, _, wg, reg, clk := newLoop(t, now)
+	wg.onApply = func() { clk.Step(5 * time.Millisecond) }
+	l.Host.(*fakeHost).onApply = func() { clk.Step(3 * time.Millisecond) }
+	pub := l.Publisher.(*fakePub)
+	pub.err = errors.New("API server down")
+	if err := l.RunOnce(context.Background(), now.Add(-50*time.Millisecond)); err == nil {
+		t.Fatal("publish error swallowed")
+	}
 	<-wg.done
-	eventually(t, "an idle loop", func() bool { return clk.Waiters() == 2 })
-	for i := 0; i < 20; i++ {
-		l.Notify(now)
-		if i < 5 {
-			clk.Step(l.Debounce / 10) // the burst spans half the window
+	if got := convergence(t, reg); got.count != 1 || got.sum != 0.058 {
+		t.Fatalf("convergence %+v, want one observation of 50+5+3 ms", got)
+	}
+	pub.err = nil
+	wg.err = errors.New("device busy")
+	_ = l.RunOnce(context.Background(), clk.Now())
+	<-wg.done
+	if got := convergence(t, reg); got.count != 1 {
+		t.Fatalf("convergence observed for a failed apply: %+v", got)
+	}
+}
+
+type histogram struct {
+	count uint64
+	sum   float64
+}
+
+func convergence(t *testing.T, reg *prometheus.Registry) histogram {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "meshlet_convergence_seconds" {
+			h := f.GetMetric()[0].GetHistogram()
+			return histogram{count: h.GetSampleCount(), sum: math.Round(h.GetSampleSum()*1e6) / 1e6}
 		}
 	}
-	eventually(t, "the burst's debounce", func() bool { return clk.Waiters() == 3 })
-	if n := len(wg.done); n != 0 {
-		t.Fatalf("%d runs before the window closed", n)
-	}
-	clk.Step(l.Debounce)
-	<-wg.done
-	// One run took the whole burst: no event left in the queue, no second
-	// window armed.
-	eventually(t, "an idle loop after the burst", func() bool { return len(l.wake) == 0 && clk.Waiters() == 2 })
-	cancel()
-	<-done
-	if got := len(wg.applied); got != 2 {
-		t.Fatalf("applies = %d, want 2 (the first, one for the burst of 20)", got)
-	}
+	return histogram{}
 }
 
 // A node whose last-seen ages out is noticed when it does, not at the next
@@ -204,25 +388,64 @@ func TestReplansWhenANodeGoesStale(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() { _ = l.Run(ctx); close(done) }()
-	eventually(t, "the first debounce", func() bool { return clk.Waiters() == 2 })
-	clk.Step(l.Debounce)
-	first := <-wg.done
-	if len(first.Peers) != 1 {
+	if first := waitRun(t, l, wg); len(first.Peers) != 1 {
 		t.Fatalf("initial plan has %d peers, want b", len(first.Peers))
 	}
-	eventually(t, "the re-plan timer", func() bool { return clk.Waiters() == 2 })
-	// b is stale 300 ms from the start; the loop looks 100 ms later. The
-	// step fires the re-plan timer (it leaves the waiters at once); the
-	// loop then arms a debounce.
-	clk.Step(400 * time.Millisecond)
-	eventually(t, "the re-plan's debounce", func() bool { return clk.Waiters() == 2 })
-	if len(wg.done) != 0 {
-		t.Fatal("re-planned before the debounce")
+	waitIdle(t, l, clk)
+	// b is stale 300 ms from the start; the loop looks 100 ms later, and
+	// runs at once (it has been idle for longer than a window).
+	clk.Step(399 * time.Millisecond)
+	waitIdle(t, l, clk)
+	if n := wg.runs(); n != 1 {
+		t.Fatal("re-planned before the node went stale")
 	}
-	clk.Step(l.Debounce)
-	if d := <-wg.done; len(d.Peers) != 0 {
+	clk.Step(time.Millisecond)
+	if d := waitRun(t, l, wg); len(d.Peers) != 0 {
 		t.Errorf("re-plan after b went stale still has peers %+v", d.Peers)
 	}
 	cancel()
 	<-done
+}
+
+// TestSchedule: when a run for a change starts, against the runs before.
+func TestSchedule(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	type run struct {
+		start, end time.Time
+		held       bool
+		changes    int
+	}
+	for _, tc := range []struct {
+		name  string
+		fixed bool
+		runs  []run
+		now   time.Time
+		want  time.Time
+	}{
+		{"first change: at once", false, nil, ms(5), ms(5)},
+		{"after a quiet window: at once", false, []run{{ms(0), ms(5), false, 1}}, ms(25), ms(25)},
+		{"within the window after a quick run: its end", false, []run{{ms(0), ms(5), false, 1}}, ms(10), ms(25)},
+		{"after a 60 ms run: a 60 ms window", false, []run{{ms(0), ms(60), false, 1}}, ms(70), ms(120)},
+		{"after a 2 s run: the window is Debounce", false, []run{{ms(0), ms(2000), false, 1}}, ms(2001), ms(2100)},
+		{"single changes in sequence keep the short window", false,
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 1}, {ms(50), ms(55), true, 1}}, ms(60), ms(75)},
+		{"a storm doubles the window per held run", false,
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}}, ms(80), ms(155)},
+		{"up to Debounce", false,
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(155), ms(160), true, 8}}, ms(170), ms(260)},
+		{"a run at once after the storm resets it", false,
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(500), ms(505), false, 1}}, ms(510), ms(525)},
+		{"fixed (before): Debounce after every change", true, []run{{ms(0), ms(5), false, 1}}, ms(500), ms(600)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := schedule{max: 100 * time.Millisecond, fixed: tc.fixed}
+			for _, r := range tc.runs {
+				s.done(r.start, r.end, r.held, r.changes)
+			}
+			if got := s.start(tc.now); !got.Equal(tc.want) {
+				t.Errorf("start(%v) = %v, want %v", tc.now.Sub(t0), got.Sub(t0), tc.want.Sub(t0))
+			}
+		})
+	}
 }

@@ -57,6 +57,8 @@ type applied struct {
 
 func newFakeWG() *fakeWG { return &fakeWG{wake: make(chan struct{}, 1)} }
 
+func (f *fakeWG) InitiateHandshakes(context.Context) (int, error) { return 0, nil }
+
 func (f *fakeWG) Apply(_ context.Context, d topology.Device) (reconcile.Changes, error) {
 	f.mu.Lock()
 	f.applied = append(f.applied, applied{time.Now(), d})
@@ -485,11 +487,13 @@ spec:
 		}
 		// As the operator does: an update of the status subresource (retried:
 		// meshlet may write it first, as it does for every mesh).
+		meshletFirst := false
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			var cm clustermesh.ClusterMesh
 			if err := kiloAdmin.Get().Namespace("kilo-system").Resource("clustermeshes").Name("a-operator").Do(ctx).Into(&cm); err != nil {
 				return err
 			}
+			meshletFirst = slices.ContainsFunc(cm.ManagedFields, func(mf metav1.ManagedFieldsEntry) bool { return mf.Manager == meshstatus.FieldManager })
 			cm.APIVersion, cm.Kind = clustermesh.SchemeGroupVersion.String(), "ClusterMesh"
 			cm.Status = clustermesh.ClusterMeshStatus{
 				Clusters:   []clustermesh.ClusterStatus{{Name: "cluster-c", RegisteredPeers: 7}},
@@ -518,8 +522,21 @@ spec:
 			t.Errorf("the operator's status was overwritten: %+v", after.Status)
 		}
 		for _, mf := range after.ManagedFields {
-			if mf.Manager == meshstatus.FieldManager {
-				t.Errorf("meshlet manages fields of a-operator: %+v", mf)
+			if mf.Manager != meshstatus.FieldManager {
+				continue
+			}
+			// Had meshlet written first, it keeps the fields the operator's
+			// update left as they were (a condition's type, a transition time
+			// of the same second), never one the operator wrote.
+			owned := mf.FieldsV1.GetRawString()
+			if !meshletFirst {
+				t.Errorf("meshlet manages fields of a-operator: %s", owned)
+				continue
+			}
+			for _, leaf := range []string{`"f:clusters"`, `"f:readyClusters"`, `"f:reason":{}`, `"f:message":{}`, `"f:status":{}`} {
+				if strings.Contains(owned, leaf) {
+					t.Errorf("meshlet manages %s of a-operator, a field the operator wrote: %s", leaf, owned)
+				}
 			}
 		}
 	})

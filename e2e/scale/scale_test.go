@@ -1,0 +1,501 @@
+// Package scale is meshlet's scale lane (`make bench-scale`, not part of
+// `make test`): real kube-apiservers holding remote clusters of
+// kubelet-sized Nodes (objects only) whose last-seen is refreshed at Kilo's
+// rate, a local cluster, and the real `meshlet run` as a segment leader
+// with a userspace device in a network namespace (e2e/harness). It
+// reports, for the leader: CPU and whole-process RSS idle and under the
+// heartbeat churn, GC and allocations, the convergence of remote changes
+// injected under the churn (API write → device written, and
+// meshlet_convergence_seconds), the watches on every API server and the
+// device's peers. Figures are reported (RESULT lines), never asserted.
+//
+// The size comes from the environment (defaults in brackets):
+// SCALE_CLUSTERS [10] remote clusters of SCALE_NODES [1000] Nodes in
+// SCALE_LOCATIONS [100] locations each (one remote leader, so one device
+// peer, per location), a heartbeat per node every SCALE_HEARTBEAT [30s].
+// Phases: idle (no API activity) for SCALE_IDLE [60s]; heartbeats alone
+// for SCALE_CHURN [120s]; heartbeats and a remote change every
+// SCALE_CHANGE [2s] for SCALE_CHURN again. Every remote cluster has its
+// own API server and etcd: Nodes are cluster-scoped, so clusters cannot
+// share one.
+package scale
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/e2e/apiserver"
+	"github.com/meshlet/meshlet/e2e/harness"
+)
+
+type config struct {
+	clusters, nodes, locations int
+	heartbeat, idle, churn     time.Duration
+	change                     time.Duration
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive duration", name, v)
+	}
+	return d
+}
+
+func report(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf("RESULT "+format, args...)
+}
+
+func TestScale(t *testing.T) {
+	if os.Getenv("MESHLET_SCALE") == "" || os.Getenv("MESHLET_BIN") == "" {
+		t.Skip("the scale lane runs from `make bench-scale`")
+	}
+	if os.Geteuid() != 0 {
+		apiserver.SkipOrFail(t, "scale: needs root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		apiserver.SkipOrFail(t, "scale: ip not installed (apt-get install iproute2)")
+	}
+	cfg := config{
+		clusters: envInt(t, "SCALE_CLUSTERS", 10), nodes: envInt(t, "SCALE_NODES", 1000),
+		locations: envInt(t, "SCALE_LOCATIONS", 100), heartbeat: envDuration(t, "SCALE_HEARTBEAT", 30*time.Second),
+		idle: envDuration(t, "SCALE_IDLE", 60*time.Second), churn: envDuration(t, "SCALE_CHURN", 120*time.Second),
+		change: envDuration(t, "SCALE_CHANGE", 2*time.Second),
+	}
+	cfg.locations = min(cfg.locations, cfg.nodes)
+	if cfg.nodes > 1000 || cfg.clusters > 60 || cfg.locations > 1000 {
+		t.Fatalf("at most 60 clusters of 1000 nodes in 1000 locations (the address plan)")
+	}
+	ctx := context.Background()
+	env, err := harness.New(harness.Options{Logf: t.Logf, ResyncPeriod: 30 * time.Second, LogLevel: "info",
+		KeepDir: os.Getenv("E2E_KEEP") != ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(env.Close)
+
+	// Clusters: one API server and etcd each.
+	start := time.Now()
+	local, err := env.AddCluster(ctx, harness.ClusterSpec{Name: "local",
+		PodNet: netip.MustParsePrefix("10.1.0.0/16"), WGSubnet: netip.MustParsePrefix("100.64.0.0/16")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := []*harness.Cluster{local}
+	var remotes []*harness.Cluster
+	for c := 1; c <= cfg.clusters; c++ {
+		rc, err := env.AddCluster(ctx, harness.ClusterSpec{Name: fmt.Sprintf("remote-%02d", c),
+			PodNet:   netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), 0, 0}), 16),
+			WGSubnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{100, byte(64 + c), 0, 0}), 16)})
+		if err != nil {
+			t.Fatalf("API server %d of %d: %v", c+1, cfg.clusters+1, err)
+		}
+		remotes = append(remotes, rc)
+		all = append(all, rc)
+	}
+	if err := env.ApplyMesh(ctx, "mesh", all...); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d API servers up in %v", len(all), time.Since(start).Round(time.Second))
+
+	// Remote Nodes, all clusters at once.
+	start = time.Now()
+	names := make([][]string, len(remotes))
+	var wg sync.WaitGroup
+	errs := make([]error, len(remotes))
+	for ci, rc := range remotes {
+		keys := make([]string, cfg.nodes)
+		for i := range keys {
+			_, keys[i] = harness.NewKeyPair()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			names[ci], errs[ci] = createRemoteNodes(ctx, rc, ci+1, cfg.nodes, cfg.locations, keys)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d remote Nodes created in %v", cfg.clusters*cfg.nodes, time.Since(start).Round(time.Second))
+	baseline := map[string]map[string]int{}
+	for _, rc := range remotes {
+		w, err := watches(ctx, rc.Admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		baseline[rc.Name] = w
+	}
+
+	// The local cluster: a leader and a non-leader (location l; the first
+	// by name leads). Only leaders watch the remote clusters.
+	leader, err := local.AddNode(ctx, harness.NodeSpec{Name: "l-1", Location: "l"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follower, err := local.AddNode(ctx, harness.NodeSpec{Name: "l-2", Location: "l"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if err := harness.StartAll(ctx, leader, follower); err != nil {
+		t.Fatal(err)
+	}
+	wantPeers := cfg.clusters * cfg.locations
+	err = harness.Poll(ctx, 20*time.Minute, time.Second, "the leader synced with every remote cluster", func() (bool, error) {
+		m, err := leader.Metrics(ctx)
+		if err != nil {
+			return false, err
+		}
+		for _, rc := range remotes {
+			if n, _ := m.Value("meshlet_remote_cluster_nodes", "cluster", rc.Name); int(n) != cfg.nodes {
+				return false, fmt.Errorf("%s: %v nodes known", rc.Name, n)
+			}
+		}
+		if p, _ := m.Value("meshlet_peers", "kind", "remote"); int(p) != wantPeers {
+			return false, fmt.Errorf("%v remote peers planned, want %d", p, wantPeers)
+		}
+		d, err := leader.Device()
+		if err != nil || d == nil {
+			return false, fmt.Errorf("device: %v", err)
+		}
+		return len(d.Peers) == wantPeers, fmt.Errorf("%d device peers, want %d", len(d.Peers), wantPeers)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := time.Since(start)
+	pid, dev := leader.PID(), devicePID(leader)
+	if pid == 0 || dev == 0 {
+		t.Fatalf("leader pid %d, device pid %d", pid, dev)
+	}
+	t.Logf("leader synced %d remote nodes, %d device peers, in %v", cfg.clusters*cfg.nodes, wantPeers, synced.Round(time.Second))
+
+	// Settle (the initial lists' garbage, the first resync), then idle.
+	if err := wait(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	idle, err := measure(ctx, leader, dev, cfg.idle, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Heartbeats from every remote node at the configured rate: the
+	// steady state of a real mesh. Then, with them, a remote leader's
+	// endpoint changed every cfg.change.
+	churnCtx, stopChurn := context.WithCancel(ctx)
+	beats := make([]*heartbeats, len(remotes))
+	var beating sync.WaitGroup
+	for ci, rc := range remotes {
+		beats[ci] = &heartbeats{}
+		client, err := kubernetes.NewForConfig(rc.RestConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		beating.Add(1)
+		go func() {
+			defer beating.Done()
+			beats[ci].drive(churnCtx, client, names[ci], cfg.heartbeat, 4)
+		}()
+	}
+	if err := wait(ctx, 10*time.Second); err != nil { // ramp up, not measured
+		t.Fatal(err)
+	}
+	sentBefore := sentSum(beats)
+	servers := serverSamples(remotes)
+	driver := take(os.Getpid())
+	hb, err := measure(ctx, leader, dev, cfg.churn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beatRate := float64(sentSum(beats)-sentBefore) / hb.took.Seconds()
+	driverShare := share(driver, take(os.Getpid()))
+	apiShare, apiRSS, etcdRSS := servers.done()
+	var changes []change
+	withChanges, err := measure(ctx, leader, dev, cfg.churn, func(ctx context.Context) {
+		changes = injectChanges(ctx, t, remotes, cfg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dropped, failed int64
+	for _, b := range beats {
+		dropped += b.dropped.Load()
+		failed += b.failed.Load()
+	}
+	perWatch := map[string]string{}
+	for _, rc := range remotes {
+		w, err := watches(ctx, rc.Admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := baseline[rc.Name]
+		perWatch[rc.Name] = fmt.Sprintf("nodes %d, peers %d open; %d node and %d peer watch requests since meshlet started",
+			w["nodes"]-b["nodes"], w["peers"]-b["peers"], w["requests:nodes"]-b["requests:nodes"], w["requests:peers"]-b["requests:peers"])
+	}
+	stopChurn()
+	beating.Wait()
+
+	lat, missing := convergence(t, leader.LogPath, changes)
+	d, err := leader.Device()
+	if err != nil || d == nil {
+		t.Fatalf("reading the leader's device: %v", err)
+	}
+
+	report(t, "scale: %d remote clusters × %d Nodes (kubelet-sized) in %d locations each, %d API servers; leader l-1 + non-leader l-2",
+		cfg.clusters, cfg.nodes, cfg.locations, len(all))
+	report(t, "leader synced in %v; device peers %d (planned remote peers %d)", synced.Round(time.Second), len(d.Peers), wantPeers)
+	report(t, "idle %v: leader CPU %.3f%% of a core, device process %.3f%%; RSS %.0f MiB (device process %.0f MiB); %.1f GC/min, %.2f MB/s allocated, %.0f reconciles",
+		idle.took.Round(time.Second), idle.cpu, idle.devCPU, idle.rssMax, idle.devRSS, idle.gcPerMin, idle.allocMBs, idle.reconciles)
+	report(t, "heartbeats %v: %.0f/s reached (target %.0f/s; %d dropped by the driver, %d failed over the run); leader CPU %.2f%% of a core, device process %.3f%%; RSS max %.0f MiB; %.1f GC/min, %.2f MB/s allocated, %.0f mallocs/s, %.0f reconciles",
+		hb.took.Round(time.Second), beatRate, float64(cfg.clusters*cfg.nodes)/cfg.heartbeat.Seconds(), dropped, failed,
+		hb.cpu, hb.devCPU, hb.rssMax, hb.gcPerMin, hb.allocMBs, hb.mallocsPerS, hb.reconciles)
+	report(t, "heartbeats + a remote change every %v, %v: leader CPU %.2f%% of a core, device process %.3f%%; RSS max %.0f MiB; %.1f GC/min, %.2f MB/s allocated, %.0f reconciles",
+		cfg.change, withChanges.took.Round(time.Second), withChanges.cpu, withChanges.devCPU, withChanges.rssMax, withChanges.gcPerMin,
+		withChanges.allocMBs, withChanges.reconciles)
+	report(t, "remote changes under the heartbeats: %d injected, %d not seen; API write → device written p50 %v, p99 %v, max %v; meshlet_convergence_seconds (watch event → data plane) p50≈%.3fs p99≈%.3fs",
+		len(changes), missing, percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.99).Round(time.Millisecond),
+		percentile(lat, 1).Round(time.Millisecond), withChanges.convP50, withChanges.convP99)
+	for _, rc := range remotes {
+		report(t, "watches opened by meshlet on %s: %s", rc.Name, perWatch[rc.Name])
+	}
+	report(t, "API servers under the heartbeats: %d kube-apiservers + etcds used %.0f%% of a core together; RSS %.0f MiB per kube-apiserver, %.0f MiB per etcd (mean); the driver and forwarders (test process) %.0f%%",
+		len(remotes), apiShare, apiRSS, etcdRSS, driverShare)
+}
+
+func wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func sentSum(bs []*heartbeats) int64 {
+	var n int64
+	for _, b := range bs {
+		n += b.sent.Load()
+	}
+	return n
+}
+
+// phase is what the leader used over one measured period.
+type phase struct {
+	took                    time.Duration
+	cpu, devCPU             float64 // % of one core
+	rssMax, devRSS          float64 // MiB
+	gcPerMin, allocMBs      float64
+	mallocsPerS, reconciles float64
+	convP50, convP99        float64
+}
+
+// measure samples the leader (and its device process) over d while during
+// runs (nil: idle).
+func measure(ctx context.Context, leader *harness.Node, dev int, d time.Duration, during func(ctx context.Context)) (phase, error) {
+	var p phase
+	pid := leader.PID()
+	m0, err := leader.Metrics(ctx)
+	if err != nil {
+		return p, err
+	}
+	g0 := readGoStats(m0)
+	c0, dv0 := take(pid), take(dev)
+	pctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if during != nil {
+			during(pctx)
+		}
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+sampling:
+	for {
+		p.rssMax = max(p.rssMax, rssMiB(pid))
+		select {
+		case <-pctx.Done():
+			break sampling
+		case <-tick.C:
+		}
+	}
+	<-done
+	c1, dv1 := take(pid), take(dev)
+	m1, err := leader.Metrics(ctx)
+	if err != nil {
+		return p, err
+	}
+	g1 := readGoStats(m1)
+	p.took = c1.at.Sub(c0.at)
+	p.cpu, p.devCPU = share(c0, c1), share(dv0, dv1)
+	p.devRSS = rssMiB(dev)
+	p.gcPerMin = (g1.gcCycles - g0.gcCycles) / p.took.Minutes()
+	p.allocMBs = (g1.allocBytes - g0.allocBytes) / 1e6 / p.took.Seconds()
+	p.mallocsPerS = (g1.mallocs - g0.mallocs) / p.took.Seconds()
+	p.reconciles = g1.reconciles - g0.reconciles
+	if a, b := m1.Series("meshlet_convergence_seconds"), m0.Series("meshlet_convergence_seconds"); len(a) == 1 && len(b) == 1 {
+		h := harness.HistogramDelta(b[0], a[0])
+		p.convP50, p.convP99 = harness.HistogramQuantile(h, 0.5), harness.HistogramQuantile(h, 0.99)
+	}
+	return p, nil
+}
+
+// change is one remote change injected: a remote leader's endpoint.
+type change struct {
+	peer string
+	at   time.Time
+}
+
+// injectChanges moves a remote leader's endpoint every cfg.change (round
+// robin over clusters and locations) until ctx ends.
+func injectChanges(ctx context.Context, t *testing.T, remotes []*harness.Cluster, cfg config) []change {
+	var out []change
+	tick := time.NewTicker(cfg.change)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return out
+		case <-tick.C:
+		}
+		ci, loc := i%len(remotes), (i/len(remotes))%cfg.locations
+		port := 51821 + (i/len(remotes)/cfg.locations)%2 // every visit moves it
+		ep := remoteEndpoint(ci+1, loc, port)
+		name := nodeName(ci+1, loc)
+		at := time.Now()
+		if err := remotes[ci].PatchNodeAnnotations(ctx, name, map[string]*string{topology.AnnotationClusterMeshEndpoint: &ep}); err != nil {
+			if ctx.Err() == nil {
+				t.Errorf("change %d: %v", i, err)
+			}
+			continue
+		}
+		out = append(out, change{peer: name, at: at})
+	}
+}
+
+// convergence finds, in the leader's log, when each change reached the
+// device: the first "wireguard peers applied" line after the write that
+// updated the peer (logged right after the device was written).
+func convergence(t *testing.T, logPath string, changes []change) (lat []time.Duration, missing int) {
+	f, err := os.Open(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	type applied struct {
+		at    time.Time
+		peers []string
+	}
+	var applies []applied
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !strings.Contains(string(line), `"wireguard peers applied"`) {
+			continue
+		}
+		var l struct {
+			Time    time.Time `json:"time"`
+			Updated []string  `json:"updated"`
+		}
+		if json.Unmarshal(line, &l) == nil {
+			applies = append(applies, applied{l.Time, l.Updated})
+		}
+	}
+	for _, c := range changes {
+		found := false
+		for _, a := range applies {
+			if a.at.Before(c.at) {
+				continue
+			}
+			for _, p := range a.peers {
+				if p == c.peer {
+					found = true
+					break
+				}
+			}
+			if found {
+				lat = append(lat, a.at.Sub(c.at))
+				break
+			}
+		}
+		if !found {
+			missing++
+		}
+	}
+	return lat, missing
+}
+
+// servers samples the remote API servers' CPU over the churn.
+type servers struct {
+	pids []int
+	at   []sample
+}
+
+func serverSamples(remotes []*harness.Cluster) *servers {
+	s := &servers{}
+	for _, rc := range remotes {
+		a, e := serverPIDs(rc)
+		s.pids = append(s.pids, a...)
+		s.pids = append(s.pids, e...)
+	}
+	for _, p := range s.pids {
+		s.at = append(s.at, take(p))
+	}
+	return s
+}
+
+// done returns their CPU (% of a core, all together) and mean RSS of a
+// kube-apiserver and of an etcd (MiB).
+func (s *servers) done() (cpu, apiRSS, etcdRSS float64) {
+	var na, ne int
+	for i, p := range s.pids {
+		cpu += share(s.at[i], take(p))
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		if strings.Contains(string(b), "kube-apiserver") {
+			apiRSS += rssMiB(p)
+			na++
+		} else {
+			etcdRSS += rssMiB(p)
+			ne++
+		}
+	}
+	return cpu, apiRSS / float64(max(na, 1)), etcdRSS / float64(max(ne, 1))
+}
