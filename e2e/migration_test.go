@@ -51,7 +51,7 @@ func TestMigrationFromKg(t *testing.T) {
 	must(t, err)
 	pub, err := a1.PublicKey(ctx)
 	must(t, err)
-	hs := handshakes(t, a1)
+	hs := settledHandshakes(ctx, t, a1)
 	ann, err := a1.Cluster.Annotations(ctx, a1.Name)
 	must(t, err)
 
