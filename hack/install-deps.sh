@@ -31,4 +31,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   # runs; the tests start their own Prometheus and containerd.
   systemctl stop prometheus prometheus-node-exporter containerd 2>/dev/null || true
 fi
-mkdir -p /run/wireguard
+mkdir -p /run/wireguard /run/meshlet

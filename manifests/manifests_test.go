@@ -602,7 +602,9 @@ spec:
 				{"create", "", "events", "default", true}, {"patch", "", "events", "default", true},
 				{"create", "events.k8s.io", "events", "default", true},
 				{"list", "kilo.squat.ai", "clustermeshes", ns, true}, {"watch", "kilo.squat.ai", "clustermeshes", ns, true},
-				{"get", "", "secrets", ns, true}, {"watch", "", "secrets", ns, true},
+				{"list", "", "secrets", ns, true}, {"watch", "", "secrets", ns, true},
+				// Secrets are watched by name, never read one by one.
+				{"get", "", "secrets", ns, false},
 				// Nothing outside its namespace, no writes beyond the above.
 				{"get", "", "secrets", "other", false}, {"list", "", "secrets", "", false},
 				{"list", "kilo.squat.ai", "clustermeshes", "other", false}, {"list", "kilo.squat.ai", "clustermeshes", "", false},

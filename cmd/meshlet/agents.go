@@ -1,17 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/streaming/pkg/httpstream"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/meshlet/meshlet/agent/runtime/status"
 )
@@ -34,58 +40,90 @@ func agentPods(ctx context.Context, client kubernetes.Interface, namespace strin
 	return out, nil
 }
 
-// statusPort is the pod's metrics port (where /status is served).
-func statusPort(p corev1.Pod) string {
-	for _, c := range p.Spec.Containers {
-		for _, port := range c.Ports {
-			if port.Name == "metrics" {
-				return strconv.Itoa(int(port.ContainerPort))
+// agentContainer is the container of a meshlet pod that runs the agent:
+// "meshlet" in meshlet's manifests, "kilo" where meshlet's image replaced
+// kg's (docs/dropin.md), else the first.
+func agentContainer(p corev1.Pod) string {
+	for _, want := range []string{"meshlet", "kilo"} {
+		for _, c := range p.Spec.Containers {
+			if c.Name == want {
+				return c.Name
 			}
 		}
 	}
-	return "1107"
+	if len(p.Spec.Containers) > 0 {
+		return p.Spec.Containers[0].Name
+	}
+	return ""
 }
 
-// podStatus reads an agent's /status through the API server's pod proxy
-// (needs get on pods/proxy).
-func podStatus(ctx context.Context, client kubernetes.Interface, p corev1.Pod) (status.Status, error) {
+// podStatus reads an agent's status by running `meshlet status -o json` in
+// its container through the API server (needs create on pods/exec: the
+// agent's /status is on a local socket, never on the network; see
+// docs/security.md#status).
+func podStatus(ctx context.Context, cfg *rest.Config, client kubernetes.Interface, p corev1.Pod) (status.Status, error) {
 	var s status.Status
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	raw, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, statusPort(p), "/status", nil).DoRaw(ctx)
+	req := client.CoreV1().RESTClient().Post().Resource("pods").Namespace(p.Namespace).Name(p.Name).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: agentContainer(p), Command: []string{"meshlet", "status", "-o", "json"},
+			Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	if err != nil {
-		return s, fmt.Errorf("reading /status of pod %s/%s through the API server: %w", p.Namespace, p.Name, err)
+		return s, fmt.Errorf("exec in pod %s/%s: %w", p.Namespace, p.Name, err)
 	}
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return s, fmt.Errorf("decoding /status of pod %s/%s: %w", p.Namespace, p.Name, err)
+	spdy, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
+	if err != nil {
+		return s, fmt.Errorf("exec in pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return s, fmt.Errorf("exec in pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	var stdout, stderr bytes.Buffer
+	if err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr}); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return s, fmt.Errorf("meshlet status in pod %s/%s (needs create on pods/exec): %s", p.Namespace, p.Name, msg)
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &s); err != nil {
+		return s, fmt.Errorf("decoding the status of pod %s/%s: %w", p.Namespace, p.Name, err)
 	}
 	return s, nil
 }
 
-// localStatus reads the /status of the agent listening on address (inside
-// its pod: 127.0.0.1:1107).
-func localStatus(ctx context.Context, address string) (status.Status, error) {
+// localStatus reads the /status of the agent on this node from its socket
+// (inside the agent's container, or as root on the node).
+func localStatus(ctx context.Context, socket string) (status.Status, error) {
 	var s status.Status
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+"/status", nil)
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://meshlet/status", nil)
 	if err != nil {
 		return s, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		return s, fmt.Errorf("reading the agent's status at %s (is meshlet running on this node? --address sets where it listens): %w", address, err)
+		return s, fmt.Errorf("reading the agent's status at %s (is meshlet running on this node, and are you root? --socket says where it serves): %w", socket, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return s, fmt.Errorf("reading the agent's status at %s: %w", address, err)
+		return s, fmt.Errorf("reading the agent's status at %s: %w", socket, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("agent at %s: %s: %s", address, resp.Status, body)
+		return s, fmt.Errorf("agent at %s: %s: %s", socket, resp.Status, body)
 	}
 	if err := json.Unmarshal(body, &s); err != nil {
-		return s, fmt.Errorf("decoding the agent's status at %s: %w", address, err)
+		return s, fmt.Errorf("decoding the agent's status at %s: %w", socket, err)
 	}
 	return s, nil
 }

@@ -35,7 +35,7 @@ func newDiagnoseCmd() *cobra.Command {
 		Short: "Check a cluster's mesh: leaders, readiness, kg vs meshlet nodes, remote clusters, clocks, peers, rejections",
 		Long: "Check a cluster's mesh and say what to do about each problem.\n\n" +
 			"It reads the cluster's Nodes, Peers and ClusterMeshes, the remote clusters through the ClusterMesh Secrets\n" +
-			"(the agents' read-only credentials), and each meshlet agent's status through the API server's pod proxy.\n" +
+			"(the agents' read-only credentials), and each meshlet agent's status (meshlet status run in its pod: pods/exec).\n" +
 			"The topology flags are read from meshlet's DaemonSet unless given. Exit status 1 when an error is found.",
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -78,7 +78,7 @@ func newDiagnoseCmd() *cobra.Command {
 	cfg.RegisterTopology(c.Flags())
 	registerLeaderElection(c.Flags(), &cfg)
 	c.Flags().StringVarP(&output, "output", "o", "text", "text or json")
-	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status through the API server's pod proxy (needs get on pods/proxy)")
+	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status by running meshlet status in its pod (needs create on pods/exec)")
 	return c
 }
 
@@ -251,7 +251,7 @@ func readAgents(ctx context.Context, src meshSource) (map[string]diagnose.Agent,
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s, err := podStatus(ctx, client, p)
+			s, err := podStatus(ctx, rc, client, p)
 			a := agentOf(s)
 			if err != nil {
 				a = diagnose.Agent{Err: err.Error()}

@@ -35,7 +35,7 @@ func TestCommandLine(t *testing.T) {
 		{"stray argument", []string{"plan", "x"}, 2, "", "meshlet plan: unexpected argument \"x\" (see 'meshlet plan --help')\n"},
 		{"bad flag value", []string{"run", "--mesh-granularity=nope", "--hostname=n"}, 2, "", "meshlet run: invalid flags: --mesh-granularity: \"nope\" must be location, full or cross\n"},
 		{"missing file", []string{"plan", "--node", "a", "--local", "/nonexistent.yaml"}, 1, "", ""},
-		{"status without an agent", []string{"status", "--address", "127.0.0.1:1"}, 1, "", ""},
+		{"status without an agent", []string{"status", "--socket", "/nonexistent/status.sock"}, 1, "", ""},
 		{"completion", []string{"completion", "bash"}, 0, "bash completion", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

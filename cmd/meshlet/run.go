@@ -151,6 +151,11 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if _, err := agent.Serve(ctx, cfg.Listen); err != nil {
 		return err
 	}
+	if cfg.StatusSocket != "" {
+		if err := agent.ServeStatus(ctx, cfg.StatusSocket); err != nil {
+			return err
+		}
+	}
 	go cleanupKiloWhenReady(ctx, agent.Loop.Ready, host, log)
 	err = agent.Run(ctx)
 	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.

@@ -19,8 +19,10 @@ import (
 // credentials), or kubectl dumps.
 type meshSource struct {
 	kubeconfig, namespace string
-	local                 localOrFile
-	remotes               remoteFiles
+	// policy is what remote kubeconfigs may carry: as the agents'.
+	policy  cluster.KubeconfigPolicy
+	local   localOrFile
+	remotes remoteFiles
 }
 
 // register adds the source's flags; --local=true|false sets *routes (kg's
@@ -32,6 +34,7 @@ func (s *meshSource) register(fs *pflag.FlagSet, routes *bool) {
 	fs.StringVar(&s.namespace, "namespace", "kilo-system", "namespace of ClusterMesh objects and their Secrets")
 	fs.Var(&s.local, "local", "read the local cluster from this kubectl dump instead of its API (--local=true|false is kg's flag)")
 	fs.Var(s.remotes, "remote", "with --local: a remote cluster's dump, CLUSTER=FILE (repeatable)")
+	fs.BoolVar(&s.policy.AllowExec, "insecure-kubeconfig-exec", false, "let the ClusterMesh Secrets' kubeconfigs run exec credential plugins on this machine (as the agents' flag; default: refused, as are auth providers and file paths)")
 }
 
 // read returns the local cluster's objects and the remote clusters' (by
@@ -70,7 +73,7 @@ func (s *meshSource) read(ctx context.Context, clusterName string) (local cluste
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		r, err := cluster.ReadRemote(rctx, data)
+		r, err := cluster.ReadRemote(rctx, data, s.policy)
 		cancel()
 		if err != nil {
 			remoteErrs[kc.Cluster] = err

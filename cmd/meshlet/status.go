@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
@@ -14,13 +15,14 @@ import (
 // read from its /status endpoint — the agent's own plan, device and health,
 // not a second computation.
 func newStatusCmd() *cobra.Command {
-	var address, output, node, kubeconfig, namespace string
+	var socket, output, node, kubeconfig, namespace string
 	c := &cobra.Command{
 		Use:   "status",
 		Short: "Show what the running agent on a node does: role, device, peers and their health, routes, drift, remote clusters",
 		Long: "Show what the running agent on a node does.\n\n" +
-			"Inside the agent's pod (kubectl exec -n kilo-system ds/meshlet -- meshlet status) it reads the agent at --address;\n" +
-			"with --node it reads that node's agent through the API server's pod proxy (needs get on pods/proxy).",
+			"Inside the agent's pod (kubectl exec -n kilo-system ds/meshlet -- meshlet status), or as root on the node, it reads\n" +
+			"the agent's local socket (--socket); with --node it runs this command in that node's meshlet pod through the API\n" +
+			"server (needs create on pods/exec). The agent never serves its status on the network.",
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if output != "text" && output != "json" {
@@ -29,7 +31,7 @@ func newStatusCmd() *cobra.Command {
 			var s status.Status
 			var err error
 			if node == "" {
-				s, err = localStatus(c.Context(), address)
+				s, err = localStatus(c.Context(), socket)
 			} else {
 				s, err = nodeStatus(c, kubeconfig, namespace, node)
 			}
@@ -45,9 +47,9 @@ func newStatusCmd() *cobra.Command {
 		},
 	}
 	fs := c.Flags()
-	fs.StringVar(&address, "address", "127.0.0.1:1107", "where the agent on this node listens (its --listen)")
+	fs.StringVar(&socket, "socket", config.DefaultStatusSocket, "the agent's status socket on this node (its --status-socket)")
 	fs.StringVarP(&output, "output", "o", "text", "text or json")
-	fs.StringVar(&node, "node", "", "read this node's agent through the API server instead of --address")
+	fs.StringVar(&node, "node", "", "read this node's agent through the API server (pods/exec) instead of --socket")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "with --node: kubeconfig (default: $KUBECONFIG, else in-cluster)")
 	fs.StringVar(&namespace, "namespace", "kilo-system", "with --node: namespace of meshlet's pods")
 	return c
@@ -71,5 +73,5 @@ func nodeStatus(c *cobra.Command, kubeconfig, namespace, node string) (status.St
 	if !ok {
 		return status.Status{}, fmt.Errorf("no running meshlet pod on node %s in namespace %s", node, namespace)
 	}
-	return podStatus(c.Context(), client, p)
+	return podStatus(c.Context(), rc, client, p)
 }

@@ -113,6 +113,10 @@ func New(opts Options) (*Env, error) {
 	if err := os.MkdirAll("/run/wireguard", 0o755); err != nil {
 		return nil, err
 	}
+	// Likewise /run/meshlet, where each node's status socket is.
+	if err := os.MkdirAll("/run/meshlet", 0o700); err != nil {
+		return nil, err
+	}
 	e.Hub = e.id + "-hub"
 	if err := e.addNetns(e.Hub); err != nil {
 		e.Close()

@@ -55,6 +55,7 @@ type Node struct {
 	PodIP   netip.Addr // first address of PodCIDR, on lo: the "pod"
 	Dir     string
 	WGDir   string // bound over /run/wireguard for this node's processes
+	RunDir  string // bound over /run/meshlet: the status socket
 	LogPath string
 	env     *Env
 
@@ -71,8 +72,12 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	n := &Node{NodeSpec: spec, Cluster: c, env: e, NS: e.id + "-" + spec.Name}
 	n.Dir = filepath.Join(e.dir, "nodes", spec.Name)
 	n.WGDir = filepath.Join(n.Dir, "run-wireguard")
+	n.RunDir = filepath.Join(n.Dir, "run-meshlet")
 	n.LogPath = filepath.Join(n.Dir, "meshlet.log")
 	if err := os.MkdirAll(n.WGDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(n.RunDir, 0o700); err != nil {
 		return nil, err
 	}
 	if err := e.addNetns(n.NS); err != nil {
@@ -114,13 +119,17 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 }
 
 // wrap returns the command line that runs args inside the node: its network
-// namespace and a private mount namespace with the node's directory bound
+// namespace and a private mount namespace with the node's directories bound
 // over /run/wireguard (the UAPI socket path is global, interface names are
-// per namespace; docs/testing.md, "Nodes").
+// per namespace; docs/testing.md, "Nodes") and /run/meshlet (the status
+// socket, as in a pod).
 func (n *Node) wrap(args ...string) []string {
 	return append([]string{"ip", "netns", "exec", n.NS, "sh", "-c",
-		`mount --bind "$1" /run/wireguard && shift && exec "$@"`, "sh", n.WGDir}, args...)
+		`mount --bind "$1" /run/wireguard && mount --bind "$2" /run/meshlet && shift 2 && exec "$@"`, "sh", n.WGDir, n.RunDir}, args...)
 }
+
+// StatusSocket is the node's status socket as the host sees it.
+func (n *Node) StatusSocket() string { return filepath.Join(n.RunDir, "status.sock") }
 
 // Exec runs a command inside the node (network + mount namespace) and
 // returns its output, e.g. `wg show kilo0`.
@@ -265,12 +274,27 @@ func (n *Node) httpClient() *http.Client {
 	}}
 }
 
+// statusClient talks to meshlet's status socket.
+func (n *Node) statusClient() *http.Client {
+	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", n.StatusSocket())
+		},
+	}}
+}
+
 func (n *Node) get(ctx context.Context, path string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+MetricsAddr+path, nil)
 	if err != nil {
 		return 0, nil, err
 	}
-	resp, err := n.httpClient().Do(req)
+	hc := n.httpClient()
+	if path == "/status" {
+		hc = n.statusClient()
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

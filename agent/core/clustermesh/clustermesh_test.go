@@ -76,7 +76,7 @@ func TestDocExample(t *testing.T) {
 		t.Fatalf("got %+v %v", res.Meshes, res.Rejections)
 	}
 	wantKC := []Kubeconfig{{Mesh: topology.ObjectRef{Kind: "ClusterMesh", Namespace: "kilo-system", Name: "prod"}, Cluster: "cluster-b",
-		Namespace: "kilo-system", Name: "cluster-b-kubeconfig", Key: "kubeconfig"}}
+		Namespace: "kilo-system", Name: "cluster-b-kubeconfig", Key: "kubeconfig", Field: "spec.clusters[1].kubeconfigSecretRef"}}
 	if !reflect.DeepEqual(res.Kubeconfigs, wantKC) {
 		t.Fatalf("kubeconfigs %+v", res.Kubeconfigs)
 	}

@@ -38,6 +38,9 @@ type Kubeconfig struct {
 	Cluster string
 	// Namespace, Name and Key locate the Secret (the mesh's namespace).
 	Namespace, Name, Key string
+	// Field is the mesh's field that names the Secret
+	// (spec.clusters[i].kubeconfigSecretRef), for rejections.
+	Field string
 }
 
 // Result is the outcome of Resolve.
@@ -139,7 +142,8 @@ func Resolve(meshes []*ClusterMesh, clusterName string) Result {
 			if key == "" {
 				key = DefaultKubeconfigKey
 			}
-			res.Kubeconfigs = append(res.Kubeconfigs, Kubeconfig{Mesh: ref, Cluster: c.Name, Namespace: m.Namespace, Name: s.Name, Key: key})
+			res.Kubeconfigs = append(res.Kubeconfigs, Kubeconfig{Mesh: ref, Cluster: c.Name, Namespace: m.Namespace, Name: s.Name, Key: key,
+				Field: fmt.Sprintf("spec.clusters[%d].kubeconfigSecretRef", i)})
 		}
 		res.Meshes = append(res.Meshes, tm)
 	}

@@ -505,4 +505,9 @@ const (
 	// ReasonMeshConflict: a cluster declared with different allowedNetworks
 	// in two ClusterMeshes (the earlier mesh wins).
 	ReasonMeshConflict Reason = "ClusterMeshConflict"
+	// ReasonUnsafeKubeconfig: a remote cluster's kubeconfig Secret carries
+	// something other than inline credentials (an exec plugin, an auth
+	// provider, a file path), or is not a kubeconfig; the cluster is not
+	// connected (docs/security.md#kubeconfig).
+	ReasonUnsafeKubeconfig Reason = "UnsafeKubeconfig"
 )

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -29,14 +28,13 @@ type Local struct {
 	notify    func(seen time.Time)
 	log       *slog.Logger
 
-	nodeInf, peerInf, meshInf, secretInf cache.SharedIndexInformer
+	nodeInf, peerInf, meshInf cache.SharedIndexInformer
 
 	mu       sync.RWMutex
 	objs     objects
 	keeper   clustermesh.Keeper
 	meshes   map[string]*clustermesh.ClusterMesh
-	secrets  map[string]map[string][]byte // name → data
-	self     *corev1.Node                 // this node as last seen
+	self     *corev1.Node // this node as last seen
 	selfName string
 }
 
@@ -44,7 +42,7 @@ type Local struct {
 type LocalOptions struct {
 	Config    *rest.Config
 	Client    kubernetes.Interface
-	Namespace string // ClusterMeshes and their Secrets
+	Namespace string // of ClusterMeshes
 	Node      string // this node
 	Notify    func(seen time.Time)
 	Log       *slog.Logger
@@ -62,28 +60,20 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	l := &Local{
 		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node,
 		objs:   newObjects(""),
-		meshes: map[string]*clustermesh.ClusterMesh{}, secrets: map[string]map[string][]byte{},
-	}
-	wc, err := watchClient(o.Config)
-	if err != nil {
-		return nil, err
+		meshes: map[string]*clustermesh.ClusterMesh{},
 	}
 	nodes, err := nodeRESTClient(o.Config)
 	if err != nil {
 		return nil, err
 	}
 	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
-	sf := informers.NewSharedInformerFactoryWithOptions(wc, 0, informers.WithNamespace(o.Namespace),
-		informers.WithTransform(transformSecret))
-	l.secretInf = sf.Core().V1().Secrets().Informer()
 	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
 	l.meshInf = informerFor(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
 
 	_, _ = l.nodeInf.AddEventHandler(handler(l.onNode))
 	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))
 	_, _ = l.meshInf.AddEventHandler(handler(l.onMesh))
-	_, _ = l.secretInf.AddEventHandler(handler(l.onSecret))
-	for kind, inf := range map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf, "clustermeshes": l.meshInf, "secrets": l.secretInf} {
+	for kind, inf := range map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf, "clustermeshes": l.meshInf} {
 		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 			// The reflector lists again and retries by itself (a 410 Gone
 			// it handles without calling this); nothing is removed
@@ -94,30 +84,21 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	return l, nil
 }
 
-// transformSecret keeps only a Secret's name and data: the kubeconfigs.
-func transformSecret(obj interface{}) (interface{}, error) {
-	s, ok := obj.(*corev1.Secret)
-	if !ok {
-		return obj, nil
-	}
-	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, ResourceVersion: s.ResourceVersion}, Data: s.Data}, nil
-}
-
 // Start runs the informers until ctx ends.
 func (l *Local) Start(ctx context.Context) {
-	for _, inf := range []cache.SharedIndexInformer{l.nodeInf, l.peerInf, l.meshInf, l.secretInf} {
+	for _, inf := range []cache.SharedIndexInformer{l.nodeInf, l.peerInf, l.meshInf} {
 		go inf.Run(ctx.Done())
 	}
 }
 
 // WaitForSync blocks until every informer listed once or ctx ends.
 func (l *Local) WaitForSync(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), l.nodeInf.HasSynced, l.peerInf.HasSynced, l.meshInf.HasSynced, l.secretInf.HasSynced)
+	return cache.WaitForCacheSync(ctx.Done(), l.nodeInf.HasSynced, l.peerInf.HasSynced, l.meshInf.HasSynced)
 }
 
 // Synced reports whether every informer has listed once.
 func (l *Local) Synced() bool {
-	return l.nodeInf.HasSynced() && l.peerInf.HasSynced() && l.meshInf.HasSynced() && l.secretInf.HasSynced()
+	return l.nodeInf.HasSynced() && l.peerInf.HasSynced() && l.meshInf.HasSynced()
 }
 
 func (l *Local) changed() {
@@ -187,33 +168,6 @@ func (l *Local) Meshes() []*clustermesh.ClusterMesh {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
-}
-
-func (l *Local) onSecret(obj interface{}, deleted bool) {
-	s, ok := obj.(*corev1.Secret)
-	if !ok {
-		return
-	}
-	l.mu.Lock()
-	if deleted {
-		delete(l.secrets, s.Name)
-	} else {
-		l.secrets[s.Name] = s.Data
-	}
-	l.mu.Unlock()
-	l.changed()
-}
-
-// SecretData returns one key of a Secret of the watched namespace.
-func (l *Local) SecretData(name, key string) ([]byte, bool) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	d, ok := l.secrets[name]
-	if !ok {
-		return nil, false
-	}
-	v, ok := d[key]
-	return v, ok
 }
 
 // SelfNode returns this node's object as last seen (nil before it exists).

@@ -106,7 +106,7 @@ func BenchmarkRemoteWatch10kNodes(b *testing.B) {
 		before := heapInUse()
 		rctx, cancel := context.WithCancel(ctx)
 		synced := make(chan struct{}, 1)
-		rs := &cluster.Remotes{Notify: func(time.Time) {}, Secrets: func(string, string) ([]byte, bool) { return kc, true }}
+		rs := &cluster.Remotes{Notify: func(time.Time) {}, Secrets: cluster.SecretFunc(func(string, string) ([]byte, bool) { return kc, true })}
 		rs.Start(rctx)
 		t0 := time.Now()
 		rs.Reconcile(true, []clustermesh.Kubeconfig{{Cluster: "remote", Name: "kc", Key: "kubeconfig"}})

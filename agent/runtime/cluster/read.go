@@ -7,11 +7,10 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
@@ -56,13 +55,22 @@ func ReadCluster(ctx context.Context, cfg *rest.Config, namespace string, withSe
 		out.Meshes = append(out.Meshes, &meshes.Items[i])
 	}
 	if withSecrets {
-		secrets, err := client.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return out, fmt.Errorf("listing secrets in %s: %w", namespace, err)
-		}
+		// Only the Secrets the ClusterMeshes name, each read by name (as
+		// the agents do: a grant with resourceNames is enough).
 		out.Secrets = map[string]map[string][]byte{}
-		for _, s := range secrets.Items {
-			if s.Type == corev1.SecretTypeOpaque || s.Type == "" {
+		for _, m := range out.Meshes {
+			for _, c := range m.Spec.Clusters {
+				ref := c.KubeconfigSecretRef
+				if ref == nil || ref.Name == "" || out.Secrets[ref.Name] != nil {
+					continue
+				}
+				s, err := client.CoreV1().Secrets(namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				if err != nil {
+					return out, fmt.Errorf("reading secret %s/%s: %w", namespace, ref.Name, err)
+				}
 				out.Secrets[s.Name] = s.Data
 			}
 		}
@@ -72,11 +80,12 @@ func ReadCluster(ctx context.Context, cfg *rest.Config, namespace string, withSe
 }
 
 // ReadRemote reads a remote cluster with the kubeconfig of its Secret (the
-// read-only credentials the agents use): its Nodes and Peers.
-func ReadRemote(ctx context.Context, kubeconfig []byte) (Cluster, error) {
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+// read-only credentials the agents use, refused as the agents refuse them:
+// RemoteConfig): its Nodes and Peers.
+func ReadRemote(ctx context.Context, kubeconfig []byte, policy KubeconfigPolicy) (Cluster, error) {
+	cfg, err := RemoteConfig(kubeconfig, policy)
 	if err != nil {
-		return Cluster{}, fmt.Errorf("kubeconfig: %w", err)
+		return Cluster{}, fmt.Errorf("kubeconfig refused: %w", err)
 	}
 	cfg.Timeout = 15 * time.Second
 	client, err := kubernetes.NewForConfig(cfg)

@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
@@ -27,28 +26,29 @@ import (
 // outages and credential rotations: nothing is forgotten because a remote
 // API server is briefly unreachable.
 type Remotes struct {
-	// Secrets reads the kubeconfig Secrets (the local namespace's).
-	Secrets Secrets
+	// Secrets reads the kubeconfig Secrets the ClusterMeshes name.
+	Secrets SecretSource
 	Notify  func(seen time.Time)
 	Log     *slog.Logger
 	// Metrics may be nil.
 	Metrics *metrics.Agent
 	// ProbeInterval is how often a remote API server's /readyz is checked.
 	ProbeInterval time.Duration
+	// Policy is what a kubeconfig may carry beyond inline credentials.
+	Policy KubeconfigPolicy
 
 	mu       sync.Mutex
 	ctx      context.Context
 	watchers map[string]*remote
+	missing  map[string]bool // clusters whose Secret (key) is known missing: warned once
 }
-
-// Secrets returns a Secret's key from the local namespace.
-type Secrets func(name, key string) ([]byte, bool)
 
 // Start sets the context that bounds every watcher.
 func (rs *Remotes) Start(ctx context.Context) {
 	rs.mu.Lock()
 	rs.ctx = ctx
 	rs.watchers = map[string]*remote{}
+	rs.missing = map[string]bool{}
 	rs.mu.Unlock()
 }
 
@@ -63,19 +63,30 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 		return
 	}
 	want := map[string][]byte{}
+	refs := map[string]clustermesh.Kubeconfig{}
+	var names []string
 	if leader {
 		for _, k := range kcs {
 			if _, dup := want[k.Cluster]; dup {
 				continue // the same cluster in two meshes: one watcher
 			}
-			data, ok := rs.Secrets(k.Name, k.Key)
-			if !ok {
-				rs.log().Warn("kubeconfig secret missing", "cluster", k.Cluster, "secret", k.Namespace+"/"+k.Name, "key", k.Key)
-				want[k.Cluster] = nil
-				continue
-			}
-			want[k.Cluster] = data
+			refs[k.Cluster] = k
+			names = append(names, k.Name)
 		}
+	}
+	// Only the Secrets named, only while leading (SecretWatch).
+	rs.Secrets.Want(names)
+	for cluster, k := range refs {
+		data, synced, ok := rs.Secrets.Data(k.Name, k.Key)
+		if !ok {
+			if synced && !rs.missing[cluster] {
+				rs.log().Warn("kubeconfig secret missing", "cluster", k.Cluster, "secret", k.Namespace+"/"+k.Name, "key", k.Key)
+			}
+			rs.missing[cluster] = synced
+		} else {
+			delete(rs.missing, cluster)
+		}
+		want[cluster] = data
 	}
 	for name, w := range rs.watchers {
 		if _, ok := want[name]; !ok {
@@ -91,6 +102,9 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 			w = &remote{name: name, rs: rs, objs: newObjects(name)}
 			rs.watchers[name] = w
 		}
+		w.mu.Lock()
+		w.ref = refs[name]
+		w.mu.Unlock()
 		if data == nil {
 			continue // keep what we have until the Secret exists again
 		}
@@ -158,7 +172,10 @@ type remote struct {
 	rs   *Remotes
 	hash [32]byte
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// ref is where the kubeconfig comes from: the ClusterMesh entry and
+	// its Secret.
+	ref        clustermesh.Kubeconfig
 	cancel     context.CancelFunc
 	gen        int
 	objs       objects
@@ -223,7 +240,7 @@ func (w *remote) stop() {
 // connect starts a new connection with a kubeconfig, replacing the old one.
 func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.stop()
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	cfg, err := RemoteConfig(kubeconfig, w.rs.Policy)
 	var client kubernetes.Interface
 	var rc, nodes rest.Interface
 	if err == nil {
@@ -251,7 +268,10 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	gen := w.gen
 	w.mu.Unlock()
 	if err != nil {
-		w.rs.log().Error("remote kubeconfig unusable", "cluster", w.name, "error", err)
+		w.mu.Lock()
+		secret := w.ref.Namespace + "/" + w.ref.Name
+		w.mu.Unlock()
+		w.rs.log().Error("remote kubeconfig refused", "cluster", w.name, "secret", secret, "error", err)
 		w.setReady(false)
 		return
 	}
@@ -407,6 +427,21 @@ func (w *remote) setReady(ok bool) {
 	}
 }
 
+// kubeconfigRejection is a remote cluster's kubeconfig refused (or
+// unusable), reported on the ClusterMesh entry that names its Secret.
+func kubeconfigRejection(ref clustermesh.Kubeconfig, err error) topology.Rejection {
+	reason := topology.ReasonInvalidClusterMesh
+	if _, ok := AsKubeconfigError(err); ok {
+		reason = topology.ReasonUnsafeKubeconfig
+	}
+	obj := ref.Mesh
+	if obj.Kind == "" {
+		obj = topology.ObjectRef{Kind: "Secret", Cluster: ref.Cluster, Name: "kubeconfig"}
+	}
+	return topology.Rejection{Object: obj, Field: ref.Field, Reason: reason,
+		Message: fmt.Sprintf("cluster %s: kubeconfig in Secret %s/%s key %q refused: %v (the cluster is not connected)", ref.Cluster, ref.Namespace, ref.Name, ref.Key, err)}
+}
+
 func (w *remote) state() (topology.RemoteCluster, []topology.Rejection) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -419,8 +454,7 @@ func (w *remote) state() (topology.RemoteCluster, []topology.Rejection) {
 	var rejs []topology.Rejection
 	rc.Nodes, rc.Peers, rejs = w.objs.state()
 	if w.connectErr != nil {
-		rejs = append(rejs, topology.Rejection{Object: topology.ObjectRef{Kind: "Secret", Cluster: w.name, Name: "kubeconfig"},
-			Reason: topology.ReasonInvalidClusterMesh, Message: fmt.Sprintf("kubeconfig unusable: %v", w.connectErr)})
+		rejs = append(rejs, kubeconfigRejection(w.ref, w.connectErr))
 	}
 	return rc, rejs
 }

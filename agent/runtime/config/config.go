@@ -18,6 +18,10 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
 
+// DefaultStatusSocket is where the agent serves /status and meshlet status
+// reads it: a unix socket, never the network (docs/security.md#status).
+const DefaultStatusSocket = "/run/meshlet/status.sock"
+
 // Config is the agent's configuration.
 type Config struct {
 	Hostname      string
@@ -40,6 +44,8 @@ type Config struct {
 	ServiceCIDRs  stringList
 	ResyncPeriod  time.Duration
 	Listen        string
+	// StatusSocket is where /status is served ("" = nowhere).
+	StatusSocket  string
 	WireGuardMode string // kernel | userspace | auto
 	MetricsCompat string // "", or a comma list of wireguard-exporter and kilo
 	// ClusterMeshStatus: compete for the Lease and write ClusterMesh status.
@@ -56,6 +62,9 @@ type Config struct {
 	// HealthProbeInterval is how often leaders probe their tunnels and
 	// nodes their underlay gateway (0: never).
 	HealthProbeInterval time.Duration
+	// InsecureKubeconfigExec lets remote kubeconfigs run exec credential
+	// plugins (docs/security.md#kubeconfig); off, they are refused.
+	InsecureKubeconfigExec bool
 	// CleanUp is not a kg flag: meshlet never removes the data plane on exit.
 
 	parsed parsed
@@ -109,7 +118,8 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster)")
 	fs.StringVar(&c.Namespace, "namespace", "kilo-system", "namespace of ClusterMesh objects and their Secrets")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
-	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz, /readyz and /status")
+	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz (as kg's)")
+	fs.StringVar(&c.StatusSocket, "status-socket", DefaultStatusSocket, "unix socket of /status (meshlet status), readable by root only; \"\" = none")
 	fs.StringVar(&c.WireGuardMode, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
 	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export other exporters' series: "" or a comma-separated list of wireguard-exporter (prometheus_wireguard_exporter) and kilo (kg's kilo_*)`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
@@ -119,6 +129,7 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.LeaderElection, "leader-election", true, "elect each location's leader with a Lease where every node of it runs meshlet: failover in seconds, a degraded leader steps aside (false: Kilo's rule alone)")
 	fs.DurationVar(&c.LeaseDuration, "leader-lease-duration", 3*time.Second, "how long a location's leader that stopped renewing its Lease is presumed alive (whole seconds)")
 	fs.DurationVar(&c.LeaseRenew, "leader-lease-renew", time.Second, "how often a location's leader renews its Lease")
+	fs.BoolVar(&c.InsecureKubeconfigExec, "insecure-kubeconfig-exec", false, "let remote clusters' kubeconfig Secrets run exec credential plugins (the command runs as root on every segment leader; default: such kubeconfigs are refused, as are auth providers and file paths)")
 	fs.DurationVar(&c.HealthProbeInterval, "health-probe-interval", time.Second, "how often leaders probe their tunnels to the other leaders and nodes their underlay gateway (0: never, and no step-aside for health)")
 }
 

@@ -12,6 +12,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,6 +82,7 @@ type Agent struct {
 	Loop    *reconcile.Loop
 	Local   *cluster.Local
 	Remotes *cluster.Remotes
+	secrets *cluster.SecretWatch
 	Metrics *metrics.Agent
 	peers   *metrics.Collector
 	// meshStatus is nil with --clustermesh-status=false.
@@ -118,7 +122,12 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	remotes := &cluster.Remotes{Secrets: local.SecretData, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe}
+	secrets, err := cluster.NewSecretWatch(o.RestConfig, o.Config.Namespace, loop.Notify, o.Log)
+	if err != nil {
+		return nil, err
+	}
+	remotes := &cluster.Remotes{Secrets: secrets, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe,
+		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}}
 	broadcaster := record.NewBroadcaster()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
@@ -140,7 +149,7 @@ func New(o Options) (*Agent, error) {
 		o.Registry.MustRegister(kiloMetrics)
 		loop.Rejections = plans{loop.Rejections, kiloMetrics}
 	}
-	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}
+	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, secrets: secrets, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}
 	a.failover(recorder)
 	return a, nil
 }
@@ -262,6 +271,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Events are written in the background, never in the loop's way.
 	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	defer a.events.Shutdown()
+	a.secrets.Start(ctx)
 	a.Remotes.Start(ctx)
 	if a.meshStatus != nil {
 		a.meshStatus.Start(ctx)
@@ -321,8 +331,10 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 	return status.Build(in)
 }
 
-// Serve exposes /metrics, /healthz, /readyz and /status on addr until ctx ends; it
-// returns the bound address (addr may use port 0).
+// Serve exposes /metrics, /healthz and /readyz on addr until ctx ends; it
+// returns the bound address (addr may use port 0). They say no more than
+// kg's listener does; /status, which shows the node's routes, peers and
+// remote clusters, is served only on the local socket (ServeStatus).
 func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.opts.Registry, promhttp.HandlerOpts{}))
@@ -339,6 +351,20 @@ func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	a.serve(ctx, ln, mux, "metrics server")
+	return ln.Addr().String(), nil
+}
+
+// ServeStatus exposes /status on the unix socket path until ctx ends:
+// mode 0600 in a directory it creates 0700, so only root on the node (or
+// in the agent's container: kubectl exec, meshlet status --node) reads it
+// (docs/security.md#status). The socket is removed when ctx ends.
+func (a *Agent) ServeStatus(ctx context.Context, path string) error {
+	mux := http.NewServeMux()
 	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 		defer cancel()
@@ -347,21 +373,57 @@ func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(a.Status(ctx))
 	})
-	ln, err := net.Listen("tcp", addr)
+	ln, err := ListenUnix(path)
 	if err != nil {
-		return "", fmt.Errorf("listening on %s: %w", addr, err)
+		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.serve(ctx, ln, mux, "status server")
+	return nil
+}
+
+// ListenUnix listens on a unix socket at path, readable by its owner only:
+// a missing directory is created 0700, a stale socket (nobody answers on
+// it) replaced.
+func ListenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("status socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("status socket %s: exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("status socket %s: another process serves it (a second meshlet on this node? --status-socket sets the path)", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing the stale status socket: %w", err)
+		}
+	}
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("status socket mode: %w", err)
+	}
+	return ln, nil
+}
+
+func (a *Agent) serve(ctx context.Context, ln net.Listener, h http.Handler, what string) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.opts.Log.Error("metrics server", "error", err)
+			a.opts.Log.Error(what, "error", err)
 		}
 	}()
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
 		defer c()
-		_ = srv.Shutdown(sctx)
+		_ = srv.Shutdown(sctx) // a unix listener removes its socket on close
 	}()
-	return ln.Addr().String(), nil
 }

@@ -108,6 +108,7 @@ func (d *agentDriver) args(n nodeDef) []string {
 		"--port=" + strconv.Itoa(wgPort),
 		"--listen=" + metricsAddr,
 		"--key-file=" + filepath.Join(d.dir, n.Name, "key"),
+		"--status-socket=" + filepath.Join(d.dir, n.Name, "status.sock"),
 		"--log-level=info",
 	}
 }
