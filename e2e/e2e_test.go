@@ -65,6 +65,22 @@ func newEnv(t *testing.T, tune ...func(*harness.Options)) (*harness.Env, context
 			}
 		}
 		cancel()
+		// Whatever the scenario, no node's private key may be in anything
+		// the run wrote (docs/security.md#private-key).
+		for _, l := range env.KeyLeaks(nil) {
+			t.Errorf("private key leaked: %s", l)
+		}
+		// Every agent runs with exactly the shipped RBAC (manifests/base,
+		// manifests/remote): none of its requests may be refused.
+		for _, c := range env.Clusters() {
+			refused, err := c.Server.Forbidden(apiserver.ByMeshlet)
+			if err != nil {
+				t.Errorf("cluster %s: reading the audit log: %v", c.Name, err)
+			}
+			for _, r := range refused {
+				t.Errorf("cluster %s refused a request of meshlet's: %s", c.Name, r)
+			}
+		}
 		env.Close()
 	})
 	return env, ctx

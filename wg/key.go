@@ -35,6 +35,9 @@ func LoadOrCreateKey(path string) (key wgtypes.Key, created bool, err error) {
 				return wgtypes.Key{}, false, fmt.Errorf("restrict private key file %s to 0600: %w", path, cerr)
 			}
 		}
+		if err := restrictDir(filepath.Dir(path)); err != nil {
+			return wgtypes.Key{}, false, err
+		}
 		return k, false, nil
 	case !errors.Is(err, fs.ErrNotExist):
 		return wgtypes.Key{}, false, fmt.Errorf("read private key file %s: %w", path, err)
@@ -47,6 +50,9 @@ func LoadOrCreateKey(path string) (key wgtypes.Key, created bool, err error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return wgtypes.Key{}, false, fmt.Errorf("create key directory %s: %w", dir, err)
+	}
+	if err := restrictDir(dir); err != nil {
+		return wgtypes.Key{}, false, err
 	}
 	// Write to a temporary file and rename, so a crash never leaves a
 	// truncated key behind that would be "reused" as garbage.
@@ -80,4 +86,21 @@ func LoadOrCreateKey(path string) (key wgtypes.Key, created bool, err error) {
 		return wgtypes.Key{}, false, fmt.Errorf("store private key file %s: %w", path, err)
 	}
 	return k, true, nil
+}
+
+// restrictDir makes the key's directory 0700 (kg's /var/lib/kilo is
+// created 0755): nobody else may list, create or replace files next to
+// the key.
+func restrictDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("key directory %s: %w", dir, err)
+	}
+	if fi.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	if err := os.Chmod(dir, fi.Mode().Perm()&0o700|0o700); err != nil {
+		return fmt.Errorf("restrict key directory %s to 0700: %w", dir, err)
+	}
+	return nil
 }

@@ -224,6 +224,9 @@ func TestLoadOrCreateKey(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key file mode = %v, %v", fi.Mode(), err)
 	}
+	if di, err := os.Stat(filepath.Dir(path)); err != nil || di.Mode().Perm() != 0o700 {
+		t.Fatalf("key directory mode = %v, %v", di.Mode(), err)
+	}
 	k2, created, err := LoadOrCreateKey(path)
 	if err != nil || created || k1 != k2 {
 		t.Fatalf("reuse: err=%v created=%v same=%v", err, created, k1 == k2)
@@ -237,6 +240,16 @@ func TestLoadOrCreateKey(t *testing.T) {
 	}
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
 		t.Errorf("mode after reload = %v, want 0600", fi.Mode().Perm())
+	}
+	// So is a directory others can read (kg creates /var/lib/kilo 0755).
+	if err := os.Chmod(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := LoadOrCreateKey(path); err != nil {
+		t.Fatal(err)
+	}
+	if di, _ := os.Stat(filepath.Dir(path)); di.Mode().Perm() != 0o700 {
+		t.Errorf("directory mode after reload = %v, want 0700", di.Mode().Perm())
 	}
 	// Garbage is refused without echoing the content.
 	secret := "not-a-key-SECRET"

@@ -72,12 +72,15 @@ type Server struct {
 
 	etcdPort, etcdPeerPort, apiPort int
 
-	caPEM   []byte
-	tokens  map[string]string // user name -> token
-	groups  map[string][]string
-	mu      sync.Mutex
-	etcd    *proc
-	kubeAPI *proc
+	caPEM  []byte
+	tokens map[string]string // user name -> token
+	groups map[string][]string
+	mu     sync.Mutex
+	// restarts are the windows from Stop to Start's readiness: a request
+	// then may be refused while RBAC's caches fill (Forbidden skips them).
+	restarts [][2]time.Time
+	etcd     *proc
+	kubeAPI  *proc
 }
 
 const adminUser = "admin"
@@ -190,6 +193,7 @@ func (s *Server) Stop() {
 	defer func() { s.t.Logf("apiserver: stopped in %s", time.Since(start).Round(time.Millisecond)) }()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.restarts = append(s.restarts, [2]time.Time{start})
 	// kube-apiserver first, so it does not log a storm of etcd errors.
 	for _, p := range []*proc{s.kubeAPI, s.etcd} {
 		if p != nil {
@@ -207,6 +211,11 @@ func (s *Server) Start() {
 	if err := s.start(); err != nil {
 		s.t.Fatalf("apiserver: restart: %v", err)
 	}
+	s.mu.Lock()
+	if n := len(s.restarts); n > 0 {
+		s.restarts[n-1][1] = time.Now()
+	}
+	s.mu.Unlock()
 	s.t.Logf("apiserver: restarted in %s", time.Since(start).Round(time.Millisecond))
 }
 
@@ -310,8 +319,23 @@ func (s *Server) setup() error {
 		}
 	}
 	w.Flush()
-	return os.WriteFile(s.path("tokens.csv"), buf.Bytes(), 0o600)
+	if err := os.WriteFile(s.path("tokens.csv"), buf.Bytes(), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(s.path("audit-policy.yaml"), []byte(auditPolicy), 0o600)
 }
+
+// auditPolicy records every request of a ServiceAccount (meshlet's agents
+// and remote credentials are ServiceAccounts) with its response code, so
+// a test can prove the shipped RBAC is enough: Forbidden.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+- level: None
+`
 
 func (s *Server) pickPorts() error {
 	ports, err := freePorts(3)
@@ -378,6 +402,8 @@ func (s *Server) start() error {
 		// NET_ADMIN) are otherwise refused "by cluster policy".
 		"--allow-privileged=true",
 		"--profiling=false",
+		"--audit-policy-file=" + s.path("audit-policy.yaml"),
+		"--audit-log-path=" + s.path("audit.log"),
 		"--v=1",
 	}
 	args = append(args, s.opts.ExtraArgs...)

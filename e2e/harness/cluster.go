@@ -108,6 +108,14 @@ func (e *Env) AddCluster(ctx context.Context, spec ClusterSpec) (*Cluster, error
 	if err != nil {
 		return nil, err
 	}
+	// The grants in force before any agent starts: every request of
+	// meshlet's must succeed (the audit check at the end of each test).
+	if err := apiserver.WaitAuthorized(ctx, srv.TokenConfig(tok), apiserver.AgentGrants(Namespace)...); err != nil {
+		return nil, fmt.Errorf("cluster %s: agent RBAC: %w", spec.Name, err)
+	}
+	if err := apiserver.WaitAuthorized(ctx, srv.TokenConfig(rtok), apiserver.RemoteGrants()...); err != nil {
+		return nil, fmt.Errorf("cluster %s: remote RBAC: %w", spec.Name, err)
+	}
 	e.mu.Lock()
 	e.clusters = append(e.clusters, c)
 	e.mu.Unlock()

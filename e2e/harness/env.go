@@ -292,6 +292,17 @@ func Poll(ctx context.Context, timeout, interval time.Duration, what string, con
 	}
 }
 
+// ForwardToNodes makes addr (on the host's loopback) reachable at the same
+// address inside every node's namespace, as the API servers are.
+func (e *Env) ForwardToNodes(addr string) error {
+	for _, n := range e.Nodes() {
+		if err := e.forwardInto(n.NS, addr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // forwardInto makes addr (on the host's loopback) reachable at the same
 // address inside namespace ns (forwardFromNetns).
 func (e *Env) forwardInto(ns, addr string) error {

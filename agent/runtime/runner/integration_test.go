@@ -243,8 +243,16 @@ spec:
 		t.Fatal(err)
 	}
 	wg := newFakeWG()
+	agentCfg := local.ServiceAccountConfig(ctx, "kilo-system", "meshlet")
+	if err := apiserver.WaitAuthorized(ctx, agentCfg, apiserver.AgentGrants("kilo-system")...); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiserver.WaitAuthorized(ctx, remoteRO, apiserver.RemoteGrants()...); err != nil {
+		t.Fatal(err)
+	}
+	agentCfg.UserAgent = "meshlet/test" // as meshlet run's: apiserver.ByMeshlet
 	agent, err := runner.New(runner.Options{
-		Config: cfg, Node: "a-1", RestConfig: local.ServiceAccountConfig(ctx, "kilo-system", "meshlet"),
+		Config: cfg, Node: "a-1", RestConfig: agentCfg,
 		WireGuard: wg, Host: fakeHost{},
 		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
 			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
@@ -459,6 +467,7 @@ subjects: [{kind: ServiceAccount, name: meshlet-remote-2, namespace: kilo-system
 			p, ok := peerNamed(d, "b-1")
 			return ok && p.Endpoint == "198.51.100.100:51820"
 		})
+		t.Logf("revoking meshlet-remote at %s", time.Now().UTC().Format(time.RFC3339Nano))
 		if err := radmin.CoreV1().ServiceAccounts("kilo-system").Delete(ctx, "meshlet-remote", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -537,6 +546,21 @@ spec:
 				if strings.Contains(owned, leaf) {
 					t.Errorf("meshlet manages %s of a-operator, a field the operator wrote: %s", leaf, owned)
 				}
+			}
+		}
+	})
+
+	// Everything above ran with exactly the shipped RBAC (manifests/base on
+	// the local cluster, manifests/remote on the remote one): the agent
+	// made no request either API server refused.
+	t.Run("RBAC: the shipped grants are enough", func(t *testing.T) {
+		for name, srv := range map[string]*apiserver.Server{"local": local, "remote": remote} {
+			refused, err := srv.Forbidden(apiserver.ByMeshlet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range refused {
+				t.Errorf("%s API server refused: %s", name, r)
 			}
 		}
 	})
