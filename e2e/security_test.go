@@ -170,8 +170,8 @@ contexts:
 	}
 	out, code := diagnose()
 	t.Logf("OUTPUT meshlet diagnose (hostile kubeconfigs):\n%s", out)
-	if code != 1 {
-		t.Errorf("diagnose exit status %d, want 1", code)
+	if code != 1 || !strings.Contains(out, "docs/security.md#kubeconfig") {
+		t.Errorf("diagnose exit status %d, want 1 with the fix's link", code)
 	}
 	for name, h := range hostile {
 		if !strings.Contains(out, "cluster "+name+": ") || !strings.Contains(out, h.field) {

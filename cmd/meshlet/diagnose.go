@@ -17,6 +17,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/leadership"
 	"github.com/meshlet/meshlet/agent/runtime/status"
@@ -177,6 +178,7 @@ func diagnoseInput(ctx context.Context, src meshSource, cfg config.Config, askAg
 		rm := diagnose.Remote{Cluster: kc.Cluster, Mesh: kc.Mesh.String(), Secret: fmt.Sprintf("%s/%s[%s]", kc.Namespace, kc.Name, kc.Key)}
 		if e, bad := remoteErrs[kc.Cluster]; bad {
 			rm.Err = e.Error()
+			_, rm.Refused = cluster.AsKubeconfigError(e)
 		} else if rc, ok := remotes[kc.Cluster]; ok {
 			rm.ServerTime, rm.ClockOffset = rc.ServerTime, rc.ClockOffset
 		}

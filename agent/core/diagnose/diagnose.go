@@ -56,8 +56,11 @@ type Input struct {
 type Remote struct {
 	Cluster, Mesh string
 	Secret        string // namespace/name[key]
-	// Err is why it could not be read with its Secret's credentials.
+	// Err is why it could not be read with its Secret's credentials;
+	// Refused says the kubeconfig itself was refused (not inline
+	// credentials: docs/security.md#kubeconfig).
 	Err         string
+	Refused     bool
 	ServerTime  time.Time
 	ClockOffset time.Duration
 }
@@ -295,6 +298,7 @@ var rejectionFix = map[topology.Reason]string{
 	topology.ReasonDuplicateAllowedIP:   "two peers claim one allowed IP: remove it from one of them",
 	topology.ReasonNoPublicKey:          "the object lacks a WireGuard public key",
 	topology.ReasonMeshConflict:         "two ClusterMeshes disagree about a cluster: keep one definition",
+	topology.ReasonUnsafeKubeconfig:     "put inline credentials in the Secret's kubeconfig: no exec, auth provider or file path (docs/security.md#kubeconfig)",
 }
 
 func checkRejections(ref topology.Plan, add adder) {
@@ -319,8 +323,11 @@ func checkRemotes(in Input, add adder) {
 	for _, r := range in.Remotes {
 		subject := "cluster " + r.Cluster
 		if r.Err != "" {
-			add(Error, "remote clusters", subject, fmt.Sprintf("cannot be read with the credentials of Secret %s: %s", r.Secret, r.Err),
-				"check the kubeconfig in the Secret reaches the cluster's API server and that its user may get, list and watch nodes and peers.kilo.squat.ai there (read-only; docs/clustermesh.md)")
+			fix := "check the kubeconfig in the Secret reaches the cluster's API server and that its user may get, list and watch nodes and peers.kilo.squat.ai there (read-only; docs/clustermesh.md)"
+			if r.Refused {
+				fix = "put inline credentials in the Secret's kubeconfig (a ServiceAccount token, or client certificate data), no exec, auth provider or file path (docs/security.md#kubeconfig)"
+			}
+			add(Error, "remote clusters", subject, fmt.Sprintf("cannot be read with the credentials of Secret %s: %s", r.Secret, r.Err), fix)
 			continue
 		}
 		nodes, ready := 0, 0
