@@ -586,7 +586,7 @@ spec:
 		}
 		cases := map[string][]check{
 			"system:serviceaccount:kilo-system:meshlet-remote": {
-				{"list", "", "nodes", "", true}, {"watch", "", "nodes", "", true}, {"get", "", "nodes", "", true},
+				{"list", "", "nodes", "", true}, {"watch", "", "nodes", "", true}, {"get", "", "nodes", "", false},
 				{"list", "kilo.squat.ai", "peers", "", true}, {"watch", "kilo.squat.ai", "peers", "", true},
 				{"create", "", "nodes", "", false}, {"patch", "", "nodes", "", false}, {"update", "", "nodes", "", false},
 				{"delete", "", "nodes", "", false}, {"patch", "", "nodes/status", "", false},
@@ -596,7 +596,7 @@ spec:
 				{"list", "kilo.squat.ai", "clustermeshes", ns, false}, {"create", "", "events", "default", false},
 			},
 			"system:serviceaccount:kilo-system:meshlet": {
-				{"get", "", "nodes", "", true}, {"list", "", "nodes", "", true}, {"watch", "", "nodes", "", true},
+				{"list", "", "nodes", "", true}, {"get", "", "nodes", "", false}, {"watch", "", "nodes", "", true},
 				{"patch", "", "nodes", "", true},
 				{"list", "kilo.squat.ai", "peers", "", true}, {"watch", "kilo.squat.ai", "peers", "", true},
 				{"create", "", "events", "default", true}, {"patch", "", "events", "default", true},

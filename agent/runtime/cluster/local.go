@@ -28,7 +28,9 @@ type Local struct {
 	notify    func(seen time.Time)
 	log       *slog.Logger
 
+	// meshInf is nil when ClusterMeshes are not watched.
 	nodeInf, peerInf, meshInf cache.SharedIndexInformer
+	infs                      []cache.SharedIndexInformer
 
 	mu       sync.RWMutex
 	objs     objects
@@ -43,9 +45,12 @@ type LocalOptions struct {
 	Config    *rest.Config
 	Client    kubernetes.Interface
 	Namespace string // of ClusterMeshes
-	Node      string // this node
-	Notify    func(seen time.Time)
-	Log       *slog.Logger
+	// NoClusterMeshes: do not watch ClusterMeshes (no grant, or no CRD:
+	// agent/runtime/grants); the cluster then meshes on its own.
+	NoClusterMeshes bool
+	Node            string // this node
+	Notify          func(seen time.Time)
+	Log             *slog.Logger
 }
 
 // NewLocal creates the local watcher; Start runs it.
@@ -68,12 +73,16 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	}
 	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
 	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
-	l.meshInf = informerFor(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
-
 	_, _ = l.nodeInf.AddEventHandler(handler(l.onNode))
 	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))
-	_, _ = l.meshInf.AddEventHandler(handler(l.onMesh))
-	for kind, inf := range map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf, "clustermeshes": l.meshInf} {
+	byKind := map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf}
+	if !o.NoClusterMeshes {
+		l.meshInf = informerFor(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
+		_, _ = l.meshInf.AddEventHandler(handler(l.onMesh))
+		byKind["clustermeshes"] = l.meshInf
+	}
+	for kind, inf := range byKind {
+		l.infs = append(l.infs, inf)
 		_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 			// The reflector lists again and retries by itself (a 410 Gone
 			// it handles without calling this); nothing is removed
@@ -86,19 +95,28 @@ func NewLocal(o LocalOptions) (*Local, error) {
 
 // Start runs the informers until ctx ends.
 func (l *Local) Start(ctx context.Context) {
-	for _, inf := range []cache.SharedIndexInformer{l.nodeInf, l.peerInf, l.meshInf} {
+	for _, inf := range l.infs {
 		go inf.Run(ctx.Done())
 	}
 }
 
 // WaitForSync blocks until every informer listed once or ctx ends.
 func (l *Local) WaitForSync(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), l.nodeInf.HasSynced, l.peerInf.HasSynced, l.meshInf.HasSynced)
+	synced := make([]cache.InformerSynced, len(l.infs))
+	for i, inf := range l.infs {
+		synced[i] = inf.HasSynced
+	}
+	return cache.WaitForCacheSync(ctx.Done(), synced...)
 }
 
 // Synced reports whether every informer has listed once.
 func (l *Local) Synced() bool {
-	return l.nodeInf.HasSynced() && l.peerInf.HasSynced() && l.meshInf.HasSynced()
+	for _, inf := range l.infs {
+		if !inf.HasSynced() {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *Local) changed() {
@@ -227,6 +245,9 @@ func (l *Local) UID(kind, namespace, name string) (types.UID, bool) {
 	case "Peer":
 		store = l.peerInf.GetStore()
 	case "ClusterMesh":
+		if l.meshInf == nil {
+			return "", false
+		}
 		store, key = l.meshInf.GetStore(), namespace+"/"+name
 	default:
 		return "", false

@@ -67,7 +67,7 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	var names []string
 	if leader {
 		for _, k := range kcs {
-			if _, dup := want[k.Cluster]; dup {
+			if _, dup := refs[k.Cluster]; dup {
 				continue // the same cluster in two meshes: one watcher
 			}
 			refs[k.Cluster] = k
@@ -76,9 +76,11 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	}
 	// Only the Secrets named, only while leading (SecretWatch).
 	rs.Secrets.Want(names)
+	secretErrs := map[string]error{}
 	for cluster, k := range refs {
-		data, synced, ok := rs.Secrets.Data(k.Name, k.Key)
-		if !ok {
+		data, synced, ok, err := rs.Secrets.Data(k.Name, k.Key)
+		secretErrs[cluster] = err
+		if !ok && err == nil {
 			if synced && !rs.missing[cluster] {
 				rs.log().Warn("kubeconfig secret missing", "cluster", k.Cluster, "secret", k.Namespace+"/"+k.Name, "key", k.Key)
 			}
@@ -103,7 +105,7 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 			rs.watchers[name] = w
 		}
 		w.mu.Lock()
-		w.ref = refs[name]
+		w.ref, w.secretErr = refs[name], secretErrs[name]
 		w.mu.Unlock()
 		if data == nil {
 			continue // keep what we have until the Secret exists again
@@ -183,6 +185,7 @@ type remote struct {
 	ready      bool      // last probe succeeded
 	lastReady  time.Time // last time the API answered
 	connectErr error
+	secretErr  error // the kubeconfig Secret cannot be read (no grant)
 	lastErr    error // the last watch or probe failure, until the API answers again
 	skewWarned bool  // the clock skew warning is in force
 }
@@ -215,6 +218,8 @@ func (rs *Remotes) Status() []RemoteStatus {
 			st.ClockSkew = &d
 		}
 		switch {
+		case w.secretErr != nil:
+			st.Error = w.secretErr.Error()
 		case w.connectErr != nil:
 			st.Error = "kubeconfig unusable: " + w.connectErr.Error()
 		case w.hash == ([32]byte{}):

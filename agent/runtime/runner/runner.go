@@ -14,13 +14,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -33,6 +36,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/events"
+	"github.com/meshlet/meshlet/agent/runtime/grants"
 	"github.com/meshlet/meshlet/agent/runtime/health"
 	"github.com/meshlet/meshlet/agent/runtime/leadership"
 	"github.com/meshlet/meshlet/agent/runtime/meshstatus"
@@ -68,6 +72,9 @@ type Options struct {
 	RemoteProbe time.Duration
 	// Version is meshlet's, shown by /status.
 	Version string
+	// Grants are the features the agent's RBAC and the cluster's CRDs
+	// allow; nil: asked at New (agent/runtime/grants).
+	Grants grants.Set
 }
 
 // Drifter is a Host that can tell, without changing anything, how the host
@@ -107,6 +114,22 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
+	if o.Grants == nil {
+		o.Grants = askGrants(client, o.Config.Namespace, o.Log)
+	}
+	if !o.Grants.On(grants.Mesh) {
+		return nil, fmt.Errorf("the agent may not mesh this cluster: it lacks %s (kg's ClusterRole grants that much: docs/dropin.md#grants)",
+			strings.Join(o.Grants.Off()[0].Missing, ", "))
+	}
+	for _, f := range o.Grants.Off() {
+		o.Log.Warn("feature off: the agent lacks a grant or a CRD (docs/dropin.md#grants)", "feature", f.Name, "missing", strings.Join(f.Missing, "; "))
+	}
+	if !o.Grants.On(grants.LeaderElection) {
+		o.Config.LeaderElection = false // Kilo's rule alone
+	}
+	if !o.Grants.On(grants.ClusterMeshStatus) || !o.Grants.On(grants.ClusterMesh) {
+		o.Config.ClusterMeshStatus = false
+	}
 	am := metrics.NewAgent(o.Registry)
 	compat, err := metrics.ParseCompat(o.Config.MetricsCompat)
 	if err != nil {
@@ -118,7 +141,7 @@ func New(o Options) (*Agent, error) {
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
 		Self: o.Self, WireGuard: o.WireGuard, Host: o.Host, PeerLabels: collector, Metrics: am, Log: o.Log}
 	local, err := cluster.NewLocal(cluster.LocalOptions{Config: o.RestConfig, Client: client, Namespace: o.Config.Namespace,
-		Node: o.Node, Notify: loop.Notify, Log: o.Log})
+		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -126,10 +149,14 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	secrets.Allowed = grants.SecretAccess(client, o.Config.Namespace)
 	remotes := &cluster.Remotes{Secrets: secrets, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe,
 		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}}
 	broadcaster := record.NewBroadcaster()
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
+	var recorder record.EventRecorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
+	if !o.Grants.On(grants.Events) {
+		recorder = discard{} // logs and metrics still say it
+	}
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
 	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
 	loop.Remotes = remotes
@@ -152,6 +179,27 @@ func New(o Options) (*Agent, error) {
 	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, secrets: secrets, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}
 	a.failover(recorder)
 	return a, nil
+}
+
+// askGrants asks which features the agent may use; when the API server
+// cannot be asked, it assumes all (a refused request then says which).
+func askGrants(client kubernetes.Interface, namespace string, log *slog.Logger) grants.Set {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	set, err := grants.Check(ctx, client, namespace)
+	if err != nil {
+		log.Warn("could not ask the API server which features the agent may use; assuming all", "error", err)
+		return grants.All()
+	}
+	return set
+}
+
+// discard is the event recorder without the grant to write Events.
+type discard struct{}
+
+func (discard) Event(runtime.Object, string, string, string)                  {}
+func (discard) Eventf(runtime.Object, string, string, string, ...interface{}) {}
+func (discard) AnnotatedEventf(runtime.Object, map[string]string, string, string, string, ...interface{}) {
 }
 
 // failover assembles the per-location Lease and the health probes
@@ -284,11 +332,52 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.Local.Start(ctx)
 	go a.forward(ctx)
+	regranted := make(chan []string, 1)
+	if len(a.opts.Grants.Off()) > 0 {
+		go a.watchGrants(ctx, regranted)
+	}
 	if !a.Local.WaitForSync(ctx) {
 		return ctx.Err()
 	}
 	a.opts.Log.Info("local caches synced", "node", a.opts.Node)
-	return a.Loop.Run(ctx)
+	loop := make(chan error, 1)
+	go func() { loop <- a.Loop.Run(ctx) }()
+	select {
+	case err := <-loop:
+		return err
+	case on := <-regranted:
+		cancel()
+		<-loop
+		return fmt.Errorf("%w: %s (the data plane stays as it is)", ErrRegranted, strings.Join(on, ", "))
+	}
+}
+
+// ErrRegranted ends Run when grants were added that turn a feature on: the
+// agent's container restarts and assembles itself with it.
+var ErrRegranted = errors.New("RBAC grants added: restarting to turn on")
+
+// GrantsRecheck is how often an agent with features off asks again.
+const GrantsRecheck = 5 * time.Minute
+
+// watchGrants asks again every GrantsRecheck which features the agent may
+// use, and reports those turned on.
+func (a *Agent) watchGrants(ctx context.Context, on chan<- []string) {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	asked := false // at start, by New
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if !asked {
+			asked = true
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		now, err := grants.Check(cctx, a.client, a.opts.Config.Namespace)
+		cancel()
+		if turned := grants.Changed(a.opts.Grants, now); err == nil && len(turned) > 0 {
+			on <- turned
+			stop()
+		}
+	}, GrantsRecheck)
 }
 
 // forward turns host events and MinRunInterval into loop runs.
@@ -313,7 +402,7 @@ func (a *Agent) forward(ctx context.Context) {
 func (a *Agent) Status(ctx context.Context) status.Status {
 	run, have := a.Loop.Last()
 	in := status.Input{Node: a.opts.Node, Cluster: a.opts.Config.ClusterName, Version: a.opts.Version, Now: time.Now(),
-		Run: run, HaveRun: have, Ready: a.Loop.Ready(), Remotes: a.Remotes.Status()}
+		Run: run, HaveRun: have, Ready: a.Loop.Ready(), Remotes: a.Remotes.Status(), FeaturesOff: a.opts.Grants.Off()}
 	in.Device, in.DeviceErr = a.opts.WireGuard.Stats(ctx)
 	if in.DeviceErr == nil {
 		in.Health = a.peers.Health(in.Device.Peers)

@@ -7,6 +7,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
+	"github.com/meshlet/meshlet/agent/runtime/grants"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/wg"
@@ -34,6 +35,9 @@ type Input struct {
 	// Leadership is the elector's state (nil without Leases); the
 	// decisions come from the plan.
 	Leadership *Leadership
+	// FeaturesOff are the features the agent's grants or the cluster's
+	// CRDs do not allow (agent/runtime/grants).
+	FeaturesOff []grants.Feature
 }
 
 // Build assembles the status.
@@ -43,7 +47,7 @@ func Build(in Input) Status {
 		Node: in.Node, Cluster: in.Cluster, Version: in.Version, At: in.Now,
 		Segment: plan.Segment, Location: plan.Location, WireGuardIP: plan.WireGuardIP, PrivateIP: plan.PrivateIP,
 		Endpoint: plan.Endpoint, Routes: plan.Routes, Rules: plan.Rules, Rejections: plan.Rejections,
-		Drift: in.Drift, Peers: []Peer{},
+		Drift: in.Drift, Peers: []Peer{}, FeaturesOff: in.FeaturesOff,
 		LastRun: Run{At: in.Run.At, Duration: in.Run.Duration, Error: in.Run.Error, Ready: in.Ready},
 		Device:  Device{Interface: in.Device.Interface, Type: in.Device.Type, ListenPort: in.Device.ListenPort, MTU: plan.WireGuard.MTU},
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
+	"github.com/meshlet/meshlet/agent/runtime/grants"
 )
 
 // Status is one node's state as its agent sees it.
@@ -44,6 +45,9 @@ type Status struct {
 	// Leadership is the location's Lease as this agent sees it and what
 	// the last plan decided of it (absent without Leases).
 	Leadership *Leadership `json:"leadership,omitempty"`
+	// FeaturesOff are the features the agent may not use: the grants or
+	// CRDs each lacks (docs/dropin.md#grants).
+	FeaturesOff []grants.Feature `json:"featuresOff,omitempty"`
 }
 
 // Leadership is the last plan's decisions on the location's Lease and the
@@ -139,6 +143,9 @@ func Print(w io.Writer, s Status) error {
 	fmt.Fprintln(tw, last)
 	if l := s.Leadership; l != nil {
 		fmt.Fprintln(tw, leadershipLine(l))
+	}
+	for _, f := range s.FeaturesOff {
+		fmt.Fprintf(tw, "Feature %s off: lacks %s (docs/dropin.md#grants)\n", f.Name, strings.Join(f.Missing, "; "))
 	}
 
 	if len(s.Peers) == 0 {
