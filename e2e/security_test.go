@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -186,6 +187,29 @@ contexts:
 		t.Errorf("the hostile server was contacted: %v", seen)
 	}
 	mu.Unlock()
+
+	// /status is not on the network: from another node on the underlay
+	// (and from the node itself) the listener serves metrics, not status;
+	// meshlet status reads the socket.
+	ax2 := env.Node("a-x2")
+	must(t, ax1.Stop(syscall.SIGTERM))
+	ax1.ExtraArgs = append(ax1.ExtraArgs, "--listen=:1107") // every address, as in the DaemonSet
+	must(t, ax1.Start(ctx))
+	for _, path := range []string{"/status", "/metrics"} {
+		url := fmt.Sprintf("http://%s:1107%s", ax1.IP.Addr(), path)
+		code, body, err := ax2.HTTPGet(ctx, url)
+		must(t, err)
+		if path == "/status" && (code != http.StatusNotFound || strings.Contains(string(body), "publicKey")) {
+			t.Errorf("GET %s from a-x2: %d, want 404", url, code)
+		}
+		if path == "/metrics" && code != http.StatusOK {
+			t.Errorf("GET %s from a-x2: %d, want 200 (metrics stay open, as kg's)", url, code)
+		}
+		t.Logf("RESULT GET %s from another node: %d", url, code)
+	}
+	if out, err := ax1.Exec(ctx, meshlet, "status", "-o", "json"); err != nil || !strings.Contains(out, `"role": "leader"`) && !strings.Contains(out, `"role": "non-leader"`) {
+		t.Errorf("meshlet status on a-x1 (socket): %v\n%s", err, out)
+	}
 
 	// The rest of the mesh works: cluster-b still reached, its peers intact.
 	_, err = ax1.WaitReachable(ctx, bz1.PodIP, 10*time.Second)

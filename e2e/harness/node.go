@@ -274,6 +274,23 @@ func (n *Node) httpClient() *http.Client {
 	}}
 }
 
+// HTTPGet fetches url from inside the node's network namespace, as any
+// process on the node (or on the underlay, for another node's address)
+// could.
+func (n *Node) HTTPGet(ctx context.Context, url string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := n.httpClient().Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
 // statusClient talks to meshlet's status socket.
 func (n *Node) statusClient() *http.Client {
 	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
