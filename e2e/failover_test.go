@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
 )
@@ -191,7 +192,7 @@ func TestDegradedLeaderStepsAside(t *testing.T) {
 	checkFollows(t, ctx, w1, x2, x1)
 	m, err := x1.Metrics(ctx)
 	must(t, err)
-	if v, _ := m.Value("meshlet_leader_step_asides_total", "reason", topology.ReasonWireGuardDegraded); v != 1 {
+	if v, _ := m.Value("meshlet_leader_step_asides_total", "reason", failover.ReasonWireGuardDegraded); v != 1 {
 		t.Errorf("a-x1 meshlet_leader_step_asides_total{reason=WireGuardDegraded} = %v, want 1", v)
 	}
 	m2, err := x2.Metrics(ctx)
@@ -201,8 +202,8 @@ func TestDegradedLeaderStepsAside(t *testing.T) {
 	}
 	var stepped, changed bool
 	for _, e := range leaderEvents(t, ctx, x1.Cluster) {
-		stepped = stepped || e.InvolvedObject.Name == "a-x1" && e.Reason == "LeaderSteppedAside" && strings.Contains(e.Message, topology.ReasonWireGuardDegraded)
-		changed = changed || e.InvolvedObject.Name == "a-x2" && e.Reason == "LeaderChanged" && strings.Contains(e.Message, "released by a-x1 ("+topology.ReasonWireGuardDegraded+")")
+		stepped = stepped || e.InvolvedObject.Name == "a-x1" && e.Reason == "LeaderSteppedAside" && strings.Contains(e.Message, failover.ReasonWireGuardDegraded)
+		changed = changed || e.InvolvedObject.Name == "a-x2" && e.Reason == "LeaderChanged" && strings.Contains(e.Message, "released by a-x1 ("+failover.ReasonWireGuardDegraded+")")
 	}
 	if !stepped || !changed {
 		t.Errorf("Events: a-x1 LeaderSteppedAside %v, a-x2 LeaderChanged naming the release %v", stepped, changed)
@@ -216,7 +217,7 @@ func TestDegradedLeaderStepsAside(t *testing.T) {
 	for time.Since(recovered) < 15*time.Second {
 		a, err := x1.Cluster.Annotations(ctx, x1.Name)
 		must(t, err)
-		if a[topology.AnnotationWireGuardIP] != "" || a[topology.AnnotationLeader] != "" || a[topology.AnnotationDegraded] != topology.ReasonWireGuardDegraded {
+		if a[topology.AnnotationWireGuardIP] != "" || a[topology.AnnotationLeader] != "" || a[topology.AnnotationDegraded] != failover.ReasonWireGuardDegraded {
 			t.Fatalf("a-x1 after recovery: wireguard-ip %q leader %q degraded %q; want none, none, WireGuardDegraded (cooling down)",
 				a[topology.AnnotationWireGuardIP], a[topology.AnnotationLeader], a[topology.AnnotationDegraded])
 		}

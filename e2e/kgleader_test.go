@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
 )
@@ -28,7 +29,7 @@ func TestKgInLocationKeepsKilosRule(t *testing.T) {
 		t.Fatalf("leader %s, want a-x1", ld.Name)
 	}
 	awaitMark(t, ctx, x1, x2)
-	lease := topology.LeaseName("x")
+	lease := failover.LeaseName("x")
 	holder := func() string {
 		l, err := a.Admin.CoordinationV1().Leases(harness.Namespace).Get(ctx, lease, metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil {

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/config"
@@ -138,7 +139,7 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 	if err != nil {
 		return err
 	}
-	plan := topology.Compute(snap, self)
+	plan := planner.Compute(snap, self)
 	switch *output {
 	case "json":
 		enc := json.NewEncoder(stdout)

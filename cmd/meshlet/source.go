@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 )
@@ -113,7 +114,7 @@ func planAs(snap topology.Snapshot, name string) (topology.Plan, error) {
 	}
 	s := snap
 	s.Settings = set
-	return topology.Compute(s, self), nil
+	return planner.Compute(s, self), nil
 }
 
 // aLeader plans for a node and returns the plan of the first segment

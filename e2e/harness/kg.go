@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 )
@@ -159,7 +160,7 @@ func (k *KgNode) apply(ctx context.Context, local *cluster.Local) error {
 	if err != nil {
 		return err
 	}
-	pl := topology.Compute(snap, topology.Self{Name: k.Name, PublicKey: pub, DefaultInterface: "eth0",
+	pl := planner.Compute(snap, topology.Self{Name: k.Name, PublicKey: pub, DefaultInterface: "eth0",
 		Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: k.IP}}})
 	if !pl.Leader {
 		return fmt.Errorf("kg node %s: the stand-in only leads its location", k.Name)

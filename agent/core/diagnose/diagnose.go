@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -211,7 +212,7 @@ func checkLeadership(in Input, add adder) {
 	}
 	sort.Strings(locs)
 	for _, l := range locs {
-		governed, why := topology.Governance(byLoc[l], set)
+		governed, why := failover.Governance(byLoc[l], set)
 		kg, meshlet := false, false
 		for _, n := range byLoc[l] {
 			kg = kg || n.MeshletVersion == ""
@@ -219,7 +220,7 @@ func checkLeadership(in Input, add adder) {
 		}
 		switch {
 		case governed:
-			add(OK, "leadership", "location "+l, "Lease "+topology.LeaseName(l)+": "+why+" (failover in seconds, a degraded leader steps aside)", "")
+			add(OK, "leadership", "location "+l, "Lease "+failover.LeaseName(l)+": "+why+" (failover in seconds, a degraded leader steps aside)", "")
 		case kg && meshlet:
 			add(Warning, "leadership", "location "+l, why+"; a degraded leader is not replaced (Kilo's rule)",
 				"run meshlet on every node of the location (docs/migration.md) for a Lease: failover in seconds (docs/failover.md#governed)")

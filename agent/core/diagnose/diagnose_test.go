@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -27,7 +28,7 @@ func input(nodes []topology.Node, change func(*Input)) Input {
 	in := Input{Cluster: "a", Snapshot: snap, Plans: map[string]topology.Plan{}}
 	plan := func() {
 		for _, n := range in.Snapshot.Nodes {
-			in.Plans[n.Name] = topology.Compute(in.Snapshot, topology.Self{Name: n.Name, PublicKey: n.PublicKey})
+			in.Plans[n.Name] = planner.Compute(in.Snapshot, topology.Self{Name: n.Name, PublicKey: n.PublicKey})
 		}
 	}
 	plan()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/awalterschulze/gographviz"
 
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -31,7 +32,7 @@ func TestDot(t *testing.T) {
 	self := topology.Self{Name: "a-1", PublicKey: k(1), DefaultInterface: "eth0",
 		Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: p("192.168.0.1/24")}}}
 	snap.Settings.ClusterName = "a"
-	plan := topology.Compute(snap, self)
+	plan := planner.Compute(snap, self)
 	out, err := Dot(plan, snap)
 	if err != nil {
 		t.Fatal(err)

@@ -11,8 +11,8 @@ import (
 // This node's own facts, decided from what the agent observed on the host
 // (Self): its private IP and the interface carrying it, the endpoint it
 // advertises, the WireGuard MTU, the endpoints its device learned. Kilo
-// decides them in kg at start; here they are part of every plan, so they
-// follow the host.
+// decides them in kg at start; here they are part of every plan (the
+// first stage: DecideHost), so they follow the host.
 
 // HostAddress is one address of the host and the interface carrying it.
 type HostAddress struct {
@@ -101,15 +101,27 @@ func sortHostAddresses(as []HostAddress) {
 	})
 }
 
-// decideHost fills in this node's private IP, private interface and
-// endpoint: an explicit private IP (Settings.PrivateIP) wins over
-// discovery; the endpoint is the node's force-endpoint when valid, else its
-// public IP with the listen port.
-func (p *planner) decideHost(forceEndpoint string) {
-	priv, pub, ok := hostIPs(p.self, p.set.InternalCIDRs)
-	if want := p.set.PrivateIP; want.IsValid() {
+// Host is this node's own facts, decided from what the agent observed.
+type Host struct {
+	// Private is the private IP and the interface carrying it.
+	Private HostAddress
+	// Endpoint is what the node advertises ("" = none).
+	Endpoint string
+	// MTU is the WireGuard interface's.
+	MTU int
+}
+
+// DecideHost decides this node's private IP, private interface, endpoint
+// and MTU: an explicit private IP (Settings.PrivateIP) wins over
+// discovery; the endpoint is the node's force-endpoint when valid, else
+// its public IP with the listen port; the MTU is --mtu, else Kilo's auto
+// rule (the default route interface's MTU minus WireGuard's overhead).
+func DecideHost(self Self, set Settings, forceEndpoint string) Host {
+	var h Host
+	priv, pub, ok := hostIPs(self, set.InternalCIDRs)
+	if want := set.PrivateIP; want.IsValid() {
 		priv = HostAddress{Prefix: want}
-		for _, a := range p.self.Addresses {
+		for _, a := range self.Addresses {
 			if a.Prefix.Addr() == want.Addr() {
 				priv.Interface = a.Interface
 			}
@@ -118,32 +130,29 @@ func (p *planner) decideHost(forceEndpoint string) {
 			pub, ok = priv, true
 		}
 	}
-	p.priv = priv
+	h.Private = priv
 	switch {
 	case forceEndpoint != "":
-		p.endpoint = forceEndpoint
+		h.Endpoint = forceEndpoint
 	case ok && pub.Prefix.IsValid():
-		p.endpoint = net.JoinHostPort(pub.Prefix.Addr().String(), strconv.Itoa(p.set.Port))
+		h.Endpoint = net.JoinHostPort(pub.Prefix.Addr().String(), strconv.Itoa(set.Port))
 	}
-}
-
-// mtu is the WireGuard interface's MTU: --mtu, else Kilo's auto rule (the
-// default route interface's MTU minus WireGuard's overhead).
-func (p *planner) mtu() int {
 	switch {
-	case p.set.MTU > 0:
-		return p.set.MTU
-	case p.self.DefaultMTU > 0:
-		return p.self.DefaultMTU - wireGuardOverhead
+	case set.MTU > 0:
+		h.MTU = set.MTU
+	case self.DefaultMTU > 0:
+		h.MTU = self.DefaultMTU - wireGuardOverhead
+	default:
+		h.MTU = defaultMTU
 	}
-	return defaultMTU
+	return h
 }
 
 // deviceEndpoints are the endpoints this node's device learned: peers that
 // completed a handshake (Kilo's discoverNATEndpoints reads the same).
-func (p *planner) deviceEndpoints() map[Key]netip.AddrPort {
+func deviceEndpoints(self Self) map[Key]netip.AddrPort {
 	out := map[Key]netip.AddrPort{}
-	for _, d := range p.self.Device {
+	for _, d := range self.Device {
 		if d.Handshake && d.Endpoint.IsValid() {
 			out[d.PublicKey] = d.Endpoint
 		}
@@ -156,18 +165,18 @@ func (p *planner) deviceEndpoints() map[Key]netip.AddrPort {
 // remote cluster not synced yet, e.g. just after a restart): they are kept
 // exactly as they are, so their sessions survive until the watcher knows
 // better.
-func (p *planner) preserved(networks []netip.Prefix) []WireGuardPeer {
+func preserved(device []DevicePeer, planned []WireGuardPeer, networks []netip.Prefix) []WireGuardPeer {
 	if len(networks) == 0 {
 		return nil
 	}
-	planned := map[Key]bool{}
-	for _, wp := range p.plan.WireGuard.Peers {
-		planned[wp.PublicKey] = true
+	isPlanned := map[Key]bool{}
+	for _, wp := range planned {
+		isPlanned[wp.PublicKey] = true
 	}
 	set := newPrefixSet(networks)
 	var out []WireGuardPeer
-	for _, d := range p.self.Device {
-		if planned[d.PublicKey] || len(d.AllowedIPs) == 0 || !allCovered(set, d.AllowedIPs) {
+	for _, d := range device {
+		if isPlanned[d.PublicKey] || len(d.AllowedIPs) == 0 || !allCovered(set, d.AllowedIPs) {
 			continue
 		}
 		wp := WireGuardPeer{

@@ -52,23 +52,3 @@ func TestHostIPs(t *testing.T) {
 		})
 	}
 }
-
-// TestSelfDecided: what the plan says about this node from what was
-// observed: private IP and interface, endpoint (force-endpoint first), MTU.
-func TestSelfDecided(t *testing.T) {
-	nodes := threeLocations()
-	self := Self{Name: "b-2", PublicKey: key(4), DefaultInterface: "ens3", DefaultMTU: 9000, Addresses: []HostAddress{
-		{Interface: "ens3", Prefix: pfx("10.0.2.2/24")}, {Interface: "ens3", Prefix: pfx("198.51.100.2/32")}}}
-	pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Port: 51821}}, self)
-	if pl.PrivateIP != pfx("10.0.2.2/24") || pl.PrivateInterface != "ens3" || pl.Endpoint != "198.51.100.2:51821" || pl.WireGuard.MTU != 8920 {
-		t.Errorf("decided %v on %q, endpoint %q, MTU %d", pl.PrivateIP, pl.PrivateInterface, pl.Endpoint, pl.WireGuard.MTU)
-	}
-	if pl.Annotations[AnnotationEndpoint] != "198.51.100.2:51821" || pl.Annotations[AnnotationInternalIP] != "10.0.2.2/24" {
-		t.Errorf("published %v", pl.Annotations)
-	}
-	nodes[3].ForceEndpoint = "b2.example.net:51820"
-	pl = Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{MTU: 1380, PrivateIP: pfx("10.0.2.2/16")}}, self)
-	if pl.Endpoint != "b2.example.net:51820" || pl.PrivateIP != pfx("10.0.2.2/16") || pl.PrivateInterface != "ens3" || pl.WireGuard.MTU != 1380 {
-		t.Errorf("with force-endpoint, --internal-cidr and --mtu: %v on %q, endpoint %q, MTU %d", pl.PrivateIP, pl.PrivateInterface, pl.Endpoint, pl.WireGuard.MTU)
-	}
-}

@@ -7,32 +7,36 @@ import (
 	"time"
 )
 
-// remote is one remote cluster this node routes to.
-type remote struct {
-	mesh  *Mesh
-	local MeshCluster
-	entry MeshCluster
-	// networks are the entry's allowedNetworks that survived the checks
-	// against the local cluster; everything this cluster may claim is inside.
-	networks []netip.Prefix
-	allowed  *prefixSet // networks, indexed
+// Remote is one remote cluster of the meshes this cluster belongs to.
+type Remote struct {
+	Mesh  *Mesh
+	Local MeshCluster // this cluster's entry in the mesh
+	Entry MeshCluster
+	// Networks are the entry's allowedNetworks that survived the checks
+	// against the local cluster; everything this cluster may claim is
+	// inside.
+	Networks []netip.Prefix
+	allowed  *prefixSet // Networks, indexed
 }
 
-// remoteClusters resolves the ClusterMesh entries into remote clusters, and
-// on a leader turns every remote leader into a WireGuard peer.
-func (p *planner) remoteClusters() {
-	meshes := append([]Mesh(nil), p.snap.Meshes...)
-	sort.Slice(meshes, func(i, j int) bool {
-		if meshes[i].Namespace != meshes[j].Namespace {
-			return meshes[i].Namespace < meshes[j].Namespace
+// ResolveRemotes resolves the ClusterMesh entries into remote clusters
+// (meshes by namespace/name, entries by name, the first mention of a
+// cluster wins), keeping of each one's allowedNetworks what is neither a
+// default route nor overlapping what the local cluster owns.
+func ResolveRemotes(meshes []Mesh, set Settings, owned Owned) ([]Remote, []Rejection) {
+	sorted := append([]Mesh(nil), meshes...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Namespace != sorted[j].Namespace {
+			return sorted[i].Namespace < sorted[j].Namespace
 		}
-		return meshes[i].Name < meshes[j].Name
+		return sorted[i].Name < sorted[j].Name
 	})
 	seen := map[string]bool{}
-	var remotes []*remote
-	for mi := range meshes {
-		m := &meshes[mi]
-		local, ok := localEntry(m, p.set.ClusterName)
+	var remotes []Remote
+	var rejs []Rejection
+	for mi := range sorted {
+		m := &sorted[mi]
+		local, ok := localEntry(m, set.ClusterName)
 		if !ok {
 			continue // the ClusterMesh validator reports it
 		}
@@ -43,41 +47,27 @@ func (p *planner) remoteClusters() {
 				continue
 			}
 			seen[e.Name] = true
-			r := &remote{mesh: m, local: local, entry: e}
+			r := Remote{Mesh: m, Local: local, Entry: e}
 			ref := ObjectRef{Kind: "ClusterMesh", Namespace: m.Namespace, Name: m.Name}
+			field := "spec.clusters[" + e.Name + "].allowedNetworks"
 			for _, n := range e.AllowedNetworks {
 				n = n.Masked()
 				if n.Bits() == 0 {
-					p.reject(ref, "spec.clusters["+e.Name+"].allowedNetworks", ReasonDefaultRoute, n.String()+" is a default route")
+					rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: ReasonDefaultRoute, Message: n.String() + " is a default route"})
 					continue
 				}
-				if o, bad := p.localPrefix.overlapping(n); bad {
-					p.reject(ref, "spec.clusters["+e.Name+"].allowedNetworks", ReasonOverlapsLocal,
-						n.String()+" overlaps the local cluster's "+o.String())
+				if o, bad := owned.set.overlapping(n); bad {
+					rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: ReasonOverlapsLocal,
+						Message: n.String() + " overlaps the local cluster's " + o.String()})
 					continue
 				}
-				r.networks = append(r.networks, n)
+				r.Networks = append(r.Networks, n)
 			}
-			r.allowed = newPrefixSet(r.networks)
+			r.allowed = newPrefixSet(r.Networks)
 			remotes = append(remotes, r)
 		}
 	}
-	p.remotes = remotes
-	for _, r := range remotes {
-		info := RemoteInfo{Cluster: r.entry.Name, Mesh: r.mesh.Namespace + "/" + r.mesh.Name, AllowedNetworks: r.networks}
-		rc := p.remoteState(r.entry.Name)
-		if rc != nil {
-			info.Synced = rc.Synced
-		}
-		switch {
-		case !p.plan.Leader:
-		case rc != nil && rc.Synced:
-			info.Leaders, info.Segments = p.remotePeers(r, rc)
-		default:
-			p.preserve = append(p.preserve, r.networks...)
-		}
-		p.plan.Remotes = append(p.plan.Remotes, info)
-	}
+	return remotes, rejs
 }
 
 // localEntry finds this cluster's entry: by name when --cluster-name is set,
@@ -91,10 +81,11 @@ func localEntry(m *Mesh, name string) (MeshCluster, bool) {
 	return MeshCluster{}, false
 }
 
-func (p *planner) remoteState(name string) *RemoteCluster {
-	for i := range p.snap.Remotes {
-		if p.snap.Remotes[i].Name == name {
-			return &p.snap.Remotes[i]
+// remoteState is what the watcher knows of cluster name (nil: nothing).
+func remoteState(states []RemoteCluster, name string) *RemoteCluster {
+	for i := range states {
+		if states[i].Name == name {
+			return &states[i]
 		}
 	}
 	return nil
@@ -107,30 +98,6 @@ type remoteGroup struct {
 	nodes  []*Node
 }
 
-// remotePeers adds one WireGuard peer per remote leader and returns their
-// names and the remote segments.
-func (p *planner) remotePeers(r *remote, rc *RemoteCluster) ([]string, []SegmentInfo) {
-	var names []string
-	var segs []SegmentInfo
-	first := true
-	for _, g := range p.remoteGroups(r, rc) {
-		l := g.leader
-		segs = append(segs, SegmentInfo{Name: g.key, Location: l.location(p.set), Leader: l.Name, Nodes: nodeNames(g.nodes),
-			WireGuardIP: l.WireGuardIP})
-		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
-		if l.MalformedEndpoint {
-			p.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
-			continue
-		}
-		if wp := p.remoteLeaderPeer(r, rc, g, first); p.addPeer(ref, wp) {
-			names = append(names, l.Name)
-			first = false
-			p.probe(wp, l.WireGuardIP.Addr())
-		}
-	}
-	return names, segs
-}
-
 // remoteGroups rebuilds the remote cluster's segments with Kilo's rules,
 // from what its nodes publish (their granularity annotation, location,
 // endpoint), and takes as each segment's leader the node its agents elect —
@@ -140,11 +107,12 @@ func (p *planner) remotePeers(r *remote, rc *RemoteCluster) ([]string, []Segment
 // are stale claims (an agent starting up, a leader that just lost the
 // role): ignored, not reported. Nodes of a segment without any leader
 // follow a leader of their location, if there is one.
-func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
+func remoteGroups(r Remote, rc *RemoteCluster, set Settings, snapNow time.Time) ([]*remoteGroup, []Rejection) {
 	now := rc.ObservedAt
 	if now.IsZero() {
-		now = p.snap.Now
+		now = snapNow
 	}
+	var rejs []Rejection
 	bySeg := map[string][]*Node{}
 	var keys []string
 	newest := newestLastSeen(rc.Nodes)
@@ -153,10 +121,10 @@ func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 		// node through the endpoint chain (clustermesh-endpoint,
 		// force-endpoint, ExternalIP), and a NATed one through none. The
 		// age is by the remote cluster's own clock (RemoteAge).
-		if n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 || n.LastSeen.IsZero() || RemoteAge(n, newest, now) >= readyWindow {
+		if n.PublicKey.IsZero() || len(n.PodCIDRs) == 0 || n.LastSeen.IsZero() || RemoteAge(n, newest, now) >= ReadyWindow {
 			continue
 		}
-		k := remoteSegmentKey(n, p.set)
+		k := remoteSegmentKey(n, set)
 		if _, ok := bySeg[k]; !ok {
 			keys = append(keys, k)
 		}
@@ -194,28 +162,28 @@ func (p *planner) remoteGroups(r *remote, rc *RemoteCluster) []*remoteGroup {
 			orphans = append(orphans, seg...)
 			continue
 		}
-		ref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: l.Name}
+		ref := ObjectRef{Kind: "Node", Cluster: r.Entry.Name, Name: l.Name}
 		ip := l.WireGuardIP.Addr()
 		if _, in := r.allowed.covering(host(ip)); !in {
-			p.reject(ref, "wireguard-ip", ReasonOutsideAllowed, ip.String()+" is outside the cluster's allowedNetworks")
+			rejs = append(rejs, Rejection{Object: ref, Field: "wireguard-ip", Reason: ReasonOutsideAllowed, Message: ip.String() + " is outside the cluster's allowedNetworks"})
 			continue
 		}
 		if c := claims[ip]; c != l {
-			p.reject(ref, "wireguard-ip", ReasonDuplicateWireGuardIP, ip.String()+" already used by node "+c.Name)
+			rejs = append(rejs, Rejection{Object: ref, Field: "wireguard-ip", Reason: ReasonDuplicateWireGuardIP, Message: ip.String() + " already used by node " + c.Name})
 			continue
 		}
 		g := &remoteGroup{key: k, leader: l, nodes: seg}
 		groups = append(groups, g)
-		if loc := l.location(p.set); byLocation[loc] == nil || !byLocation[loc].leader.InternalIP.IsValid() && l.InternalIP.IsValid() {
+		if loc := l.location(set); byLocation[loc] == nil || !byLocation[loc].leader.InternalIP.IsValid() && l.InternalIP.IsValid() {
 			byLocation[loc] = g
 		}
 	}
 	for _, n := range orphans {
-		if g := byLocation[n.location(p.set)]; g != nil {
+		if g := byLocation[n.location(set)]; g != nil {
 			g.nodes = append(g.nodes, n)
 		}
 	}
-	return groups
+	return groups, rejs
 }
 
 func sortedNodes(ns []Node) []*Node {
@@ -247,41 +215,48 @@ func electedWithWireGuardIP(seg []*Node) *Node {
 // allowed-location-ips, its WireGuard IP, and for the first leader also the
 // cluster's Peers and its allowedNetworks. WireGuard matches the longest
 // prefix, so the more specific prefixes of the other leaders still win.
-func (p *planner) remoteLeaderPeer(r *remote, rc *RemoteCluster, g *remoteGroup, first bool) WireGuardPeer {
+// What the cluster may not claim is left out and rejected (clip).
+func remoteLeaderPeer(r Remote, rc *RemoteCluster, g *remoteGroup, first bool, owned Owned, self *Node, discovered map[Key]netip.AddrPort, set Settings) (WireGuardPeer, []Rejection) {
 	l := g.leader
+	var rejs []Rejection
+	clipped := func(ref ObjectRef, field string, ps []netip.Prefix) []netip.Prefix {
+		out, rs := clip(r, owned, ref, field, ps)
+		rejs = append(rejs, rs...)
+		return out
+	}
 	var ips []netip.Prefix
 	for _, n := range g.nodes {
-		nref := ObjectRef{Kind: "Node", Cluster: r.entry.Name, Name: n.Name}
-		ips = append(ips, p.clip(r, nref, "podCIDRs", n.PodCIDRs)...)
+		nref := ObjectRef{Kind: "Node", Cluster: r.Entry.Name, Name: n.Name}
+		ips = append(ips, clipped(nref, "podCIDRs", n.PodCIDRs)...)
 		// Private IPs are routed only when the cluster lists its host
 		// networks in allowedNetworks; otherwise they are left out quietly
 		// (most meshes route pods and services only).
 		if ip := host(n.InternalIP.Addr()); n.InternalIP.IsValid() {
 			if _, in := r.allowed.covering(ip); in {
-				ips = append(ips, p.clip(r, nref, "internal-ip", []netip.Prefix{ip})...)
+				ips = append(ips, clipped(nref, "internal-ip", []netip.Prefix{ip})...)
 			}
 		}
-		ips = append(ips, p.clip(r, nref, "allowed-location-ips", n.AllowedLocationIPs)...)
+		ips = append(ips, clipped(nref, "allowed-location-ips", n.AllowedLocationIPs)...)
 	}
 	ips = append(ips, host(l.WireGuardIP.Addr()))
 	if first {
 		// Remote Peers and the allowedNetworks no node covers (service
 		// CIDR, host networks) go through one deterministic leader.
 		for _, peer := range sortedPeers(rc.Peers) {
-			ips = append(ips, p.clip(r, ObjectRef{Kind: "Peer", Cluster: r.entry.Name, Name: peer.Name}, "spec.allowedIPs", peer.AllowedIPs)...)
+			ips = append(ips, clipped(ObjectRef{Kind: "Peer", Cluster: r.Entry.Name, Name: peer.Name}, "spec.allowedIPs", peer.AllowedIPs)...)
 		}
-		ips = append(ips, r.networks...)
+		ips = append(ips, r.Networks...)
 	}
-	ka, src := p.remoteKeepalive(r)
-	configured, esrc := remoteEndpoint(l, r.entry.WireGuardPort)
+	ka, src := remoteKeepalive(r, self)
+	configured, esrc := remoteEndpoint(l, r.Entry.WireGuardPort)
 	roaming := roams(ka, 0, configured)
-	ep, esrc := p.endpointFor(l.PublicKey, configured, esrc, roaming)
+	ep, esrc := endpointFor(discovered, l.PublicKey, configured, esrc, roaming)
 	return WireGuardPeer{
-		Name: l.Name, Kind: KindRemote, Cluster: r.entry.Name, Location: l.location(p.set),
+		Name: l.Name, Kind: KindRemote, Cluster: r.Entry.Name, Location: l.location(set),
 		PublicKey: l.PublicKey, Endpoint: ep, EndpointSource: esrc, AllowedIPs: ips,
 		PersistentKeepalive: ka, KeepaliveSource: src, Roaming: roaming,
 		SessionProbe: sessionProbe(l, l.WireGuardIP.Addr()),
-	}
+	}, rejs
 }
 
 // remoteSegmentKey is Kilo's segment of a remote node, with the remote
@@ -306,36 +281,40 @@ func sortedPeers(ps []Peer) []Peer {
 // clip keeps the prefixes a remote cluster may claim: inside its
 // allowedNetworks, not a default route, not overlapping the local cluster.
 // Everything else is rejected with the reason.
-func (p *planner) clip(r *remote, ref ObjectRef, field string, ps []netip.Prefix) []netip.Prefix {
+func clip(r Remote, owned Owned, ref ObjectRef, field string, ps []netip.Prefix) ([]netip.Prefix, []Rejection) {
 	var out []netip.Prefix
+	var rejs []Rejection
+	reject := func(reason Reason, msg string) {
+		rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: reason, Message: msg})
+	}
 	for _, x := range ps {
 		x = x.Masked()
 		_, inside := r.allowed.covering(x)
-		switch o, overlap := p.localPrefix.overlapping(x); {
+		switch o, overlap := owned.set.overlapping(x); {
 		case x.Bits() == 0:
-			p.reject(ref, field, ReasonDefaultRoute, x.String()+" is a default route")
+			reject(ReasonDefaultRoute, x.String()+" is a default route")
 		case overlap:
-			p.reject(ref, field, ReasonOverlapsLocal, x.String()+" overlaps the local cluster's "+o.String())
+			reject(ReasonOverlapsLocal, x.String()+" overlaps the local cluster's "+o.String())
 		case !inside:
-			p.reject(ref, field, ReasonOutsideAllowed, x.String()+" is outside the cluster's allowedNetworks")
+			reject(ReasonOutsideAllowed, x.String()+" is outside the cluster's allowedNetworks")
 		default:
 			out = append(out, x)
 		}
 	}
-	return out
+	return out, rejs
 }
 
 // remoteKeepalive is precedence rule 2: the smallest non-zero of the remote
 // entry's, the local entry's and this node's annotation.
-func (p *planner) remoteKeepalive(r *remote) (int, KeepaliveSource) {
+func remoteKeepalive(r Remote, self *Node) (int, KeepaliveSource) {
 	best, src := 0, KeepaliveNone
 	for _, c := range []struct {
 		v int
 		s KeepaliveSource
 	}{
-		{r.entry.PersistentKeepalive, KeepaliveRemoteCluster},
-		{r.local.PersistentKeepalive, KeepaliveLocalCluster},
-		{p.selfNode.PersistentKeepalive, KeepaliveNodeAnnotation},
+		{r.Entry.PersistentKeepalive, KeepaliveRemoteCluster},
+		{r.Local.PersistentKeepalive, KeepaliveLocalCluster},
+		{self.PersistentKeepalive, KeepaliveNodeAnnotation},
 	} {
 		if c.v > 0 && (best == 0 || c.v < best) {
 			best, src = c.v, c.s

@@ -9,38 +9,70 @@ const (
 	TunnelIPIP   = "tunl0"
 )
 
-// routes computes the routes and rules of this node (Kilo's pkg/mesh
-// Routes, extended with routes to remote clusters).
-func (p *planner) routes() {
-	if p.plan.Leader {
-		p.leaderRoutes()
-	} else {
-		p.nonLeaderRoutes()
-	}
+// RouteInput is what the routes stage reads.
+type RouteInput struct {
+	Settings Settings
+	Self     Self
+	Host     Host
+	Local    Local
+	Leader   bool
+	Peers    []Peer
+	Remotes  []Remote
+	// Discovered endpoints decide which nodes a leader reaches at their
+	// endpoint IP (no route through the tunnel to it).
+	Discovered map[Key]netip.AddrPort
 }
 
-func (p *planner) privIP() netip.Addr { return p.selfNode.InternalIP.Addr() }
+// RoutePlan is the routes stage's output.
+type RoutePlan struct {
+	Routes     []Route
+	Rules      []Rule
+	Tunnel     Tunnel
+	Rejections []Rejection
+}
+
+// routeBuilder collects one node's routes and rules in Kilo's order (the
+// first route to a destination wins: dedupRoutes).
+type routeBuilder struct {
+	in  RouteInput
+	out RoutePlan
+}
+
+// Routes computes the routes and rules of this node (Kilo's pkg/mesh
+// Routes, extended with routes to remote clusters).
+func Routes(in RouteInput) RoutePlan {
+	b := &routeBuilder{in: in}
+	if in.Leader {
+		b.leaderRoutes()
+	} else {
+		b.nonLeaderRoutes()
+	}
+	return b.out
+}
+
+func (b *routeBuilder) self() *Node        { return b.in.Local.Self }
+func (b *routeBuilder) privIP() netip.Addr { return b.self().InternalIP.Addr() }
 
 // tunnel returns the IPIP device to route through, asking for tunl0 to be
 // created when the node has no tunnel device yet.
-func (p *planner) tunnel() string {
-	switch p.self.TunnelDevice {
+func (b *routeBuilder) tunnel() string {
+	switch b.in.Self.TunnelDevice {
 	case TunnelCilium, TunnelIPIP:
-		p.plan.Tunnel = Tunnel{Name: p.self.TunnelDevice}
+		b.out.Tunnel = Tunnel{Name: b.in.Self.TunnelDevice}
 	default:
-		p.plan.Tunnel = Tunnel{Name: TunnelIPIP, Create: true}
+		b.out.Tunnel = Tunnel{Name: TunnelIPIP, Create: true}
 	}
-	return p.plan.Tunnel.Name
+	return b.out.Tunnel.Name
 }
 
 // encapsulates tells whether traffic to gw goes through the IPIP tunnel
 // (--encapsulate=always, or crosssubnet and gw outside the private subnet).
-func (p *planner) encapsulates(gw netip.Addr) bool {
-	switch p.set.Encapsulate {
+func (b *routeBuilder) encapsulates(gw netip.Addr) bool {
+	switch b.in.Settings.Encapsulate {
 	case EncapsulateAlways:
 		return true
 	case EncapsulateCrossSubnet:
-		return !p.selfNode.InternalIP.IsValid() || !p.selfNode.InternalIP.Masked().Contains(gw)
+		return !b.self().InternalIP.IsValid() || !b.self().InternalIP.Masked().Contains(gw)
 	}
 	return false
 }
@@ -48,12 +80,12 @@ func (p *planner) encapsulates(gw netip.Addr) bool {
 // viaGateway is a route to dst through gw on the underlay, or through the
 // tunnel when encapsulation applies (then with src = private IP, so replies
 // come back to an address the peer can reach).
-func (p *planner) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
-	r := Route{Dst: dst, Gw: gw, Dev: p.priv.Interface, OnLink: true}
-	if p.encapsulates(gw) {
-		r.Dev = p.tunnel()
-		if p.selfNode.InternalIP.IsValid() {
-			r.Src = p.privIP()
+func (b *routeBuilder) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
+	r := Route{Dst: dst, Gw: gw, Dev: b.in.Host.Private.Interface, OnLink: true}
+	if b.encapsulates(gw) {
+		r.Dev = b.tunnel()
+		if b.self().InternalIP.IsValid() {
+			r.Src = b.privIP()
 		}
 	}
 	return r
@@ -62,8 +94,8 @@ func (p *planner) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
 // gatewayOf is the address mesh traffic to node n is sent to (Kilo's
 // Encapsulator.Gw): in Cilium mode n's cilium_host IP, else — Kilo's
 // fallback — the network address of its pod CIDR; otherwise n's private IP.
-func (p *planner) gatewayOf(n *Node) netip.Addr {
-	if p.set.Compatibility == CompatibilityCilium {
+func gatewayOf(n *Node, set Settings) netip.Addr {
+	if set.Compatibility == CompatibilityCilium {
 		if n.CNICompatibilityIP.IsValid() {
 			return n.CNICompatibilityIP.Addr()
 		}
@@ -74,78 +106,80 @@ func (p *planner) gatewayOf(n *Node) netip.Addr {
 	return n.InternalIP.Addr()
 }
 
-func (p *planner) add(rs ...Route)    { p.plan.Routes = append(p.plan.Routes, rs...) }
-func (p *planner) addRule(rs ...Rule) { p.plan.Rules = append(p.plan.Rules, rs...) }
+func (b *routeBuilder) add(rs ...Route)    { b.out.Routes = append(b.out.Routes, rs...) }
+func (b *routeBuilder) addRule(rs ...Rule) { b.out.Rules = append(b.out.Rules, rs...) }
 
 // localSegmentRoutes: with --local, routes inside this node's location go
 // directly to each node's private IP (encapsulated when required), with the
 // table-1107 return path Kilo installs for encapsulated destinations.
-func (p *planner) localSegmentRoutes(s *segment) {
-	if !p.set.Local || !p.selfNode.InternalIP.IsValid() {
+func (b *routeBuilder) localSegmentRoutes(s *Segment) {
+	self := b.self()
+	if !b.in.Settings.Local || !self.InternalIP.IsValid() {
 		return
 	}
-	for _, n := range s.nodes {
-		if n == p.selfNode || !n.InternalIP.IsValid() {
+	for _, n := range s.Nodes {
+		if n == self || !n.InternalIP.IsValid() {
 			continue
 		}
 		priv := n.InternalIP.Addr()
-		gw := p.gatewayOf(n)
+		gw := gatewayOf(n, b.in.Settings)
 		for _, c := range n.PodCIDRs {
-			p.add(p.viaGateway(c, gw))
+			b.add(b.viaGateway(c, gw))
 		}
 		// Whether the return path needs the tunnel depends on the node's
 		// private IP, the gateway on the mode (Kilo decides the same way).
-		if !p.encapsulates(priv) {
+		if !b.encapsulates(priv) {
 			continue
 		}
-		p.add(Route{Dst: host(priv), Gw: gw, Dev: p.tunnel(), OnLink: true, Table: KiloTable, Src: p.privIP()})
-		for _, c := range p.selfNode.PodCIDRs {
-			p.addRule(Rule{Src: c.Masked(), Dst: host(priv), Table: KiloTable})
+		b.add(Route{Dst: host(priv), Gw: gw, Dev: b.tunnel(), OnLink: true, Table: KiloTable, Src: b.privIP()})
+		for _, c := range self.PodCIDRs {
+			b.addRule(Rule{Src: c.Masked(), Dst: host(priv), Table: KiloTable})
 		}
-		if p.plan.Leader {
-			p.addRule(Rule{Iif: p.set.Interface, Dst: host(priv), Table: KiloTable})
+		if b.in.Leader {
+			b.addRule(Rule{Iif: b.in.Settings.Interface, Dst: host(priv), Table: KiloTable})
 		}
 	}
 }
 
-func (p *planner) leaderRoutes() {
-	dev := p.set.Interface
+func (b *routeBuilder) leaderRoutes() {
+	set, l := b.in.Settings, b.in.Local
+	dev := set.Interface
 	var src netip.Addr
-	if p.selfNode.InternalIP.IsValid() {
-		src = p.privIP()
+	if b.self().InternalIP.IsValid() {
+		src = b.privIP()
 	}
-	for _, s := range p.segments {
-		if p.sameLocation(s) {
-			p.localSegmentRoutes(s)
-			p.ciliumReturnRoutes(s)
+	for _, s := range l.Segments {
+		if l.SameLocation(s, set) {
+			b.localSegmentRoutes(s)
+			b.ciliumReturnRoutes(s)
 			continue
 		}
-		l := s.leaderNode()
-		ep, _ := p.endpointFor(l.PublicKey, l.Endpoint, "", l.PersistentKeepalive > 0)
+		ln := s.LeaderNode()
+		ep, _ := endpointFor(b.in.Discovered, ln.PublicKey, ln.Endpoint, "", ln.PersistentKeepalive > 0)
 		endpointIP := endpointAddr(ep)
-		for _, n := range s.nodes {
+		for _, n := range s.Nodes {
 			for _, c := range n.PodCIDRs {
-				p.add(Route{Dst: c, Gw: s.wgIP, Dev: dev, OnLink: true, Src: src})
+				b.add(Route{Dst: c, Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
 			}
 			// A node reachable only at its endpoint IP keeps that route on
 			// the underlay: encapsulating traffic to an IP through itself
 			// cannot work.
 			if n.InternalIP.IsValid() && n.InternalIP.Addr() != endpointIP {
-				p.add(Route{Dst: host(n.InternalIP.Addr()), Gw: s.wgIP, Dev: dev, OnLink: true, Src: src})
+				b.add(Route{Dst: host(n.InternalIP.Addr()), Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
 			}
 		}
-		for _, a := range s.allowedLocationIPs {
-			p.add(Route{Dst: a, Gw: s.wgIP, Dev: dev, OnLink: true, Src: src})
+		for _, a := range s.AllowedLocationIPs {
+			b.add(Route{Dst: a, Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
 		}
 	}
-	for _, peer := range p.peers {
+	for _, peer := range b.in.Peers {
 		for _, a := range peer.AllowedIPs {
-			p.add(Route{Dst: a, Dev: dev, Src: src})
+			b.add(Route{Dst: a, Dev: dev, Src: src})
 		}
 	}
-	for _, r := range p.remotes {
-		for _, n := range r.networks {
-			p.add(Route{Dst: n, Dev: dev, Src: src})
+	for _, r := range b.in.Remotes {
+		for _, n := range r.Networks {
+			b.add(Route{Dst: n, Dev: dev, Src: src})
 		}
 	}
 }
@@ -156,88 +190,92 @@ func (p *planner) leaderRoutes() {
 // that private IP must go back through the tunnel too, via the non-leader's
 // gateway (its cilium_host IP): table 1107 and an iif rule do that. Where
 // the gateway is the private IP itself (IPIP mode) Kilo adds nothing.
-func (p *planner) ciliumReturnRoutes(s *segment) {
-	if p.set.Local || p.set.Encapsulate == EncapsulateNever || !p.selfNode.InternalIP.IsValid() || s != p.selfSegment {
+func (b *routeBuilder) ciliumReturnRoutes(s *Segment) {
+	set, self := b.in.Settings, b.self()
+	if set.Local || set.Encapsulate == EncapsulateNever || !self.InternalIP.IsValid() || s != b.in.Local.SelfSegment {
 		return
 	}
-	for _, n := range s.nodes {
-		if n == p.selfNode || !n.InternalIP.IsValid() {
+	for _, n := range s.Nodes {
+		if n == self || !n.InternalIP.IsValid() {
 			continue
 		}
 		priv := n.InternalIP.Addr()
-		gw := p.gatewayOf(n)
+		gw := gatewayOf(n, set)
 		if !gw.IsValid() || gw == priv {
 			continue
 		}
-		p.add(Route{Dst: host(priv), Gw: gw, Dev: p.tunnel(), OnLink: true, Table: KiloTable})
-		p.addRule(Rule{Iif: p.set.Interface, Dst: host(priv), Table: KiloTable})
+		b.add(Route{Dst: host(priv), Gw: gw, Dev: b.tunnel(), OnLink: true, Table: KiloTable})
+		b.addRule(Rule{Iif: set.Interface, Dst: host(priv), Table: KiloTable})
 	}
 }
 
-func (p *planner) nonLeaderRoutes() {
-	gw := p.gatewayOf(p.selfSegment.leaderNode())
+func (b *routeBuilder) nonLeaderRoutes() {
+	set, l := b.in.Settings, b.in.Local
+	gw := gatewayOf(l.SelfSegment.LeaderNode(), set)
 	if !gw.IsValid() {
-		p.reject(ObjectRef{Kind: "Node", Name: p.selfSegment.leaderNode().Name}, "internal-ip", ReasonInvalidAnnotation,
-			"segment leader has no address to route through")
+		b.out.Rejections = append(b.out.Rejections, Rejection{Object: ObjectRef{Kind: "Node", Name: l.SelfSegment.LeaderNode().Name},
+			Field: "internal-ip", Reason: ReasonInvalidAnnotation, Message: "segment leader has no address to route through"})
 		return
 	}
-	for _, s := range p.segments {
-		if s.wgIP.IsValid() {
-			p.add(p.viaGateway(host(s.wgIP), gw))
+	for _, s := range l.Segments {
+		if s.WireGuardIP.IsValid() {
+			b.add(b.viaGateway(host(s.WireGuardIP), gw))
 		}
-		if p.sameLocation(s) {
-			p.localSegmentRoutes(s)
+		if l.SameLocation(s, set) {
+			b.localSegmentRoutes(s)
 			continue
 		}
-		for _, n := range s.nodes {
+		for _, n := range s.Nodes {
 			for _, c := range n.PodCIDRs {
-				p.add(p.viaGateway(c, gw))
+				b.add(b.viaGateway(c, gw))
 			}
 			if n.InternalIP.IsValid() {
-				p.add(p.viaGateway(host(n.InternalIP.Addr()), gw))
+				b.add(b.viaGateway(host(n.InternalIP.Addr()), gw))
 			}
 		}
-		for _, a := range s.allowedLocationIPs {
-			p.add(p.viaGateway(a, gw))
+		for _, a := range s.AllowedLocationIPs {
+			b.add(b.viaGateway(a, gw))
 		}
 	}
-	for _, peer := range p.peers {
+	for _, peer := range b.in.Peers {
 		for _, a := range peer.AllowedIPs {
-			p.add(p.viaGateway(a, gw))
+			b.add(b.viaGateway(a, gw))
 		}
 	}
 	// Non-leaders do not watch remote clusters: they route each remote
 	// cluster's allowedNetworks (known from the ClusterMesh) to the leader.
-	for _, r := range p.remotes {
-		for _, n := range r.networks {
-			p.add(p.viaGateway(n, gw))
+	for _, r := range b.in.Remotes {
+		for _, n := range r.Networks {
+			b.add(b.viaGateway(n, gw))
 		}
 	}
 }
 
-// nat is Kilo's KILO-NAT chain as data: no masquerade for mesh
+// NATFor is Kilo's KILO-NAT chain as data: no masquerade for mesh
 // destinations, masquerade the rest, for traffic from Peers (and to this
 // location's allowed-location-ips).
-func (p *planner) nat() {
+func NATFor(l Local, peers []Peer, remotes []Remote, set Settings) NAT {
+	var nat NAT
 	var ex []netip.Prefix
-	for _, s := range p.segments {
-		if s.wgIP.IsValid() {
-			ex = append(ex, host(s.wgIP))
+	for _, s := range l.Segments {
+		if s.WireGuardIP.IsValid() {
+			ex = append(ex, host(s.WireGuardIP))
 		}
-		ex = append(ex, s.allowedIPs()...)
-		if s == p.selfSegment {
-			p.plan.NAT.Destinations = append(p.plan.NAT.Destinations, s.allowedLocationIPs...)
+		ex = append(ex, s.AllowedIPs()...)
+		if s == l.SelfSegment {
+			nat.Destinations = append(nat.Destinations, s.AllowedLocationIPs...)
 		}
 	}
-	for _, peer := range p.peers {
+	for _, peer := range peers {
 		ex = append(ex, peer.AllowedIPs...)
-		p.plan.NAT.Sources = append(p.plan.NAT.Sources, peer.AllowedIPs...)
+		nat.Sources = append(nat.Sources, peer.AllowedIPs...)
 	}
-	for _, r := range p.remotes {
-		ex = append(ex, r.networks...)
+	for _, r := range remotes {
+		ex = append(ex, r.Networks...)
 	}
-	ex = append(ex, p.set.ServiceCIDRs...)
-	p.plan.NAT.Exceptions = sortedUnique(ex)
-	p.plan.NAT.Sources = sortedUnique(p.plan.NAT.Sources)
-	p.plan.NAT.Destinations = sortedUnique(p.plan.NAT.Destinations)
+	ex = append(ex, set.ServiceCIDRs...)
+	nat.Exceptions = sortedUnique(ex)
+	nat.Sources = sortedUnique(nat.Sources)
+	nat.Destinations = sortedUnique(nat.Destinations)
+	return nat
 }

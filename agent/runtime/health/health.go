@@ -33,6 +33,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"k8s.io/utils/clock"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/wg"
@@ -195,7 +196,7 @@ func (p *Prober) round(ctx context.Context) bool {
 	}
 	var send []netip.Addr
 	wakeLoop := false
-	counts := map[string]int{topology.TunnelAlive: 0, topology.TunnelDead: 0, topology.TunnelNew: 0}
+	counts := map[string]int{failover.TunnelAlive: 0, failover.TunnelDead: 0, failover.TunnelNew: 0}
 	p.mu.Lock()
 	addrs := map[topology.Key]netip.Addr{}
 	for _, t := range pr.Peers {
@@ -214,7 +215,7 @@ func (p *Prober) round(ctx context.Context) bool {
 				send = append(send, a)
 			}
 		}
-		state := topology.TunnelState(t.probe, now)
+		state := failover.TunnelState(t.probe, now)
 		if state != t.state {
 			if t.state != "" {
 				p.log().Info("tunnel probe", "peer", t.name, "state", state, "previous", t.state)
@@ -222,7 +223,7 @@ func (p *Prober) round(ctx context.Context) bool {
 			t.state = state
 			wakeLoop = true
 		}
-		if state == topology.TunnelDead {
+		if state == failover.TunnelDead {
 			wakeLoop = true
 		}
 		counts[state]++
@@ -279,10 +280,10 @@ func (p *Prober) gatewayRound(ctx context.Context) {
 			p.gw.Recovered, p.gwDown, changed = now, false, true
 		}
 		p.gw.Answered = now
-	} else if !p.gw.Answered.IsZero() && !p.gwDown && now.Sub(p.gw.Answered) >= topology.GatewayDeadAfter {
+	} else if !p.gw.Answered.IsZero() && !p.gwDown && now.Sub(p.gw.Answered) >= failover.GatewayDeadAfter {
 		p.gwDown, changed = true, true
 	}
-	recovering := !p.gw.Recovered.IsZero() && now.Sub(p.gw.Recovered) < topology.GatewayRecoverAfter+p.Interval
+	recovering := !p.gw.Recovered.IsZero() && now.Sub(p.gw.Recovered) < failover.GatewayRecoverAfter+p.Interval
 	down := p.gwDown
 	p.mu.Unlock()
 	if changed {

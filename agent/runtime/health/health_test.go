@@ -10,6 +10,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/wg"
 )
@@ -65,7 +66,7 @@ func TestTunnelProbes(t *testing.T) {
 	states := func() map[topology.Key]string {
 		out := map[topology.Key]string{}
 		for _, tp := range p.Health().Peers {
-			out[tp.PublicKey] = topology.TunnelState(tp, clk.Now())
+			out[tp.PublicKey] = failover.TunnelState(tp, clk.Now())
 		}
 		return out
 	}
@@ -77,14 +78,14 @@ func TestTunnelProbes(t *testing.T) {
 		wantB      string
 	}{
 		// The first reading is a baseline: both are probed.
-		{"first round", nil, []netip.Addr{a, b}, topology.TunnelNew, topology.TunnelNew},
+		{"first round", nil, []netip.Addr{a, b}, failover.TunnelNew, failover.TunnelNew},
 		// a answers its probe; b does not.
-		{"a answers", []topology.Key{ka}, []netip.Addr{b}, topology.TunnelAlive, topology.TunnelNew},
-		{"a sends again", []topology.Key{ka}, []netip.Addr{b}, topology.TunnelAlive, topology.TunnelNew},
-		{"nothing", nil, []netip.Addr{a, b}, topology.TunnelAlive, topology.TunnelDead},
-		{"still nothing", nil, []netip.Addr{a, b}, topology.TunnelAlive, topology.TunnelDead},
-		{"a silent for 3 s", nil, []netip.Addr{a, b}, topology.TunnelDead, topology.TunnelDead},
-		{"b answers again", []topology.Key{kb}, []netip.Addr{a}, topology.TunnelDead, topology.TunnelAlive},
+		{"a answers", []topology.Key{ka}, []netip.Addr{b}, failover.TunnelAlive, failover.TunnelNew},
+		{"a sends again", []topology.Key{ka}, []netip.Addr{b}, failover.TunnelAlive, failover.TunnelNew},
+		{"nothing", nil, []netip.Addr{a, b}, failover.TunnelAlive, failover.TunnelDead},
+		{"still nothing", nil, []netip.Addr{a, b}, failover.TunnelAlive, failover.TunnelDead},
+		{"a silent for 3 s", nil, []netip.Addr{a, b}, failover.TunnelDead, failover.TunnelDead},
+		{"b answers again", []topology.Key{kb}, []netip.Addr{a}, failover.TunnelDead, failover.TunnelAlive},
 	}
 	for i, s := range steps {
 		for _, k := range s.answer {
@@ -142,8 +143,8 @@ func TestGatewayProbe(t *testing.T) {
 			downAt = clk.Now()
 		}
 	}
-	if got := downAt.Sub(p.Health().Gateway.Answered); got != topology.GatewayDeadAfter {
-		t.Errorf("down %v after the last answer, want %v", got, topology.GatewayDeadAfter)
+	if got := downAt.Sub(p.Health().Gateway.Answered); got != failover.GatewayDeadAfter {
+		t.Errorf("down %v after the last answer, want %v", got, failover.GatewayDeadAfter)
 	}
 	answers = true
 	clk.Step(time.Second)

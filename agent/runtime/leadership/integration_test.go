@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 )
@@ -146,8 +147,8 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	}
 
 	// 1. No Lease yet: x-1 (rank 0) takes it; x-2 and x-3 wait their rank.
-	follow("x-2", topology.Leadership{Candidate: true, Wait: topology.RankStagger})
-	follow("x-3", topology.Leadership{Candidate: true, Wait: 2 * topology.RankStagger})
+	follow("x-2", topology.Leadership{Candidate: true, Wait: failover.RankStagger})
+	follow("x-3", topology.Leadership{Candidate: true, Wait: 2 * failover.RankStagger})
 	follow("x-1", topology.Leadership{Candidate: true})
 	poll(t, ctx, "x-1 holding", func() bool { h, _ := get(); return h == "x-1" })
 	// It keeps it while it renews: the others see renewals and never take it.
@@ -177,15 +178,15 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	}
 
 	// 3. x-2 steps aside: it releases at once, recording why; x-3 takes it.
-	follow("x-2", topology.Leadership{StepAside: topology.ReasonWireGuardDegraded, Release: topology.ReasonWireGuardDegraded})
+	follow("x-2", topology.Leadership{StepAside: failover.ReasonWireGuardDegraded, Release: failover.ReasonWireGuardDegraded})
 	follow("x-3", topology.Leadership{Candidate: true})
 	poll(t, ctx, "x-3 holding", func() bool { h, _ := get(); return h == "x-3" })
 	_, ann := get()
 	var sa map[string]topology.StepAside
-	if err := json.Unmarshal([]byte(ann[AnnotationStepAsides]), &sa); err != nil || sa["x-2"].Reason != topology.ReasonWireGuardDegraded {
+	if err := json.Unmarshal([]byte(ann[AnnotationStepAsides]), &sa); err != nil || sa["x-2"].Reason != failover.ReasonWireGuardDegraded {
 		t.Errorf("step-asides %q (%v): want x-2's", ann[AnnotationStepAsides], err)
 	}
-	if st := cands["x-3"].e.State(); st.Holder != "x-3" || st.StepAsides["x-2"].Reason != topology.ReasonWireGuardDegraded {
+	if st := cands["x-3"].e.State(); st.Holder != "x-3" || st.StepAsides["x-2"].Reason != failover.ReasonWireGuardDegraded {
 		t.Errorf("x-3's view %+v", st)
 	}
 

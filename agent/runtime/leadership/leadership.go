@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
@@ -379,7 +380,7 @@ func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, 
 		e.stepAsideOnce(ctx, *l)
 	}
 	if e.Metrics != nil {
-		for _, r := range []string{topology.ReasonWireGuardDegraded, topology.ReasonGatewayUnreachable} {
+		for _, r := range []string{failover.ReasonWireGuardDegraded, failover.ReasonGatewayUnreachable} {
 			v := 0.0
 			if l.Degraded == r {
 				v = 1
@@ -421,7 +422,7 @@ func (e *Elector) recordRole(leader, applied bool, started time.Time) {
 func (e *Elector) stepAsideOnce(ctx context.Context, l topology.Leadership) {
 	now := e.clock().Now()
 	e.mu.Lock()
-	if e.stepAside != nil && now.Before(e.stepAside.At.Add(topology.StepAsideCoolDown)) {
+	if e.stepAside != nil && now.Before(e.stepAside.At.Add(failover.StepAsideCoolDown)) {
 		e.mu.Unlock()
 		return
 	}
@@ -438,9 +439,9 @@ func (e *Elector) stepAsideOnce(ctx context.Context, l topology.Leadership) {
 
 func stepAsideWhy(reason string) string {
 	switch reason {
-	case topology.ReasonGatewayUnreachable:
+	case failover.ReasonGatewayUnreachable:
 		return "its underlay gateway stopped answering"
-	case topology.ReasonWireGuardDegraded:
+	case failover.ReasonWireGuardDegraded:
 		return "its tunnels to the other leaders are dead while theirs to each other are alive"
 	}
 	return reason
@@ -755,7 +756,7 @@ func (e *Elector) giveUp(l *coordinationv1.Lease, now time.Time, reason string) 
 	}
 	l.Annotations[AnnotationReleased] = e.Identity + " (" + reason + ")"
 	var add *topology.StepAside
-	if reason == topology.ReasonWireGuardDegraded || reason == topology.ReasonGatewayUnreachable {
+	if reason == failover.ReasonWireGuardDegraded || reason == failover.ReasonGatewayUnreachable {
 		add = &topology.StepAside{Reason: reason, At: now}
 		e.mu.Lock()
 		if e.stepAside != nil {
@@ -781,7 +782,7 @@ func setStepAsides(l *coordinationv1.Lease, now time.Time, add map[string]topolo
 		m[k] = v
 	}
 	for k, v := range m {
-		if !now.Before(v.At.Add(topology.StepAsideCoolDown)) {
+		if !now.Before(v.At.Add(failover.StepAsideCoolDown)) {
 			delete(m, k)
 		}
 	}

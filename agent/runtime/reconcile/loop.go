@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
@@ -379,7 +380,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	snap, kubeconfigs := l.Snapshots.Snapshot()
 	snap.Now = l.Clock.Now()
 	snap.Settings = l.Settings
-	plan := topology.Compute(snap, self)
+	plan := planner.Compute(snap, self)
 	planned = &plan
 	if next := topology.NextReadinessChange(snap); next.IsZero() {
 		l.nextChange.Store(0)

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
@@ -248,7 +249,7 @@ func (s *leaseSource) Synced() bool {
 		s.started = true
 		name := ""
 		if n := s.local.SelfNode(); n != nil && (s.settings.Granularity == "" || s.settings.Granularity == topology.GranularityLocation) {
-			name = topology.LeaseName(topology.NodeLocation(kilo.ConvertNode(n, "").Node, s.settings))
+			name = failover.LeaseName(topology.NodeLocation(kilo.ConvertNode(n, "").Node, s.settings))
 		}
 		s.elector.Watch(name)
 	}

@@ -19,7 +19,7 @@ import (
 
 // driver makes meshlet's desired state real on one node, once per call:
 // plan mode's planDriver. The planner input is data (scenario.go); run
-// computes every node's plan with topology.Compute and applies it in the
+// computes every node's plan with planner.Compute and applies it in the
 // node's namespace with meshlet's wg and netlinkx packages, in a child
 // process started through `ip netns exec` (so wgctrl's generic netlink
 // socket, the netlink handle and /proc/sys all belong to that namespace).

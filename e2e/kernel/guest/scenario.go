@@ -6,6 +6,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -162,7 +163,7 @@ func plans(ks keys, now time.Time) map[string]topology.Plan {
 	snap := snapshot(ks, now)
 	out := map[string]topology.Plan{}
 	for _, n := range scenarioNodes {
-		out[n.Name] = topology.Compute(snap, self(n, ks))
+		out[n.Name] = planner.Compute(snap, self(n, ks))
 	}
 	return out
 }

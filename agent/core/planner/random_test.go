@@ -1,4 +1,4 @@
-package topology
+package planner
 
 import (
 	"encoding/json"
@@ -10,6 +10,9 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/meshlet/meshlet/agent/core/failover"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // randomInput is a seeded generator of planner inputs that reach every
@@ -20,16 +23,16 @@ import (
 // granularity, encapsulation and CNI mode, a Lease in any state and health
 // probes. It is the input of TestRandomInputs, and of the differential
 // check a refactoring of the planner is held to (MESHLET_PLAN_DUMP).
-func randomInput(seed uint64) (Snapshot, Self) {
+func randomInput(seed uint64) (topology.Snapshot, topology.Self) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	pick := func(n int) int { return r.IntN(n) }
 	chance := func(p float64) bool { return r.Float64() < p }
-	set := Settings{
-		Granularity:   []Granularity{GranularityLocation, GranularityLocation, GranularityFull, GranularityCross}[pick(4)],
+	set := topology.Settings{
+		Granularity:   []topology.Granularity{topology.GranularityLocation, topology.GranularityLocation, topology.GranularityFull, topology.GranularityCross}[pick(4)],
 		Subnet:        pfx([]string{"10.4.0.0/16", "100.66.0.0/24", "10.4.0.0/30"}[pick(3)]),
-		Encapsulate:   []Encapsulate{EncapsulateAlways, EncapsulateCrossSubnet, EncapsulateNever}[pick(3)],
+		Encapsulate:   []topology.Encapsulate{topology.EncapsulateAlways, topology.EncapsulateCrossSubnet, topology.EncapsulateNever}[pick(3)],
 		Local:         chance(0.6),
-		Compatibility: []Compatibility{CompatibilityNone, CompatibilityCilium}[pick(2)],
+		Compatibility: []topology.Compatibility{topology.CompatibilityNone, topology.CompatibilityCilium}[pick(2)],
 		HealthProbes:  chance(0.5),
 	}
 	if chance(0.3) {
@@ -43,7 +46,7 @@ func randomInput(seed uint64) (Snapshot, Self) {
 	}
 	locs := []string{"a", "b", "c"}[:1+pick(3)]
 	nNodes := 1 + pick(7)
-	snap := Snapshot{Now: now, Settings: set}
+	snap := topology.Snapshot{Now: now, Settings: set}
 	endpoint := func(i int, priv string) string {
 		switch pick(5) {
 		case 0:
@@ -85,7 +88,7 @@ func randomInput(seed uint64) (Snapshot, Self) {
 			n.AllowedLocationIPs = pfxs([]string{"192.168.50.0/24", "192.168.50.0/25", "10.244.1.7/32", "10.2.5.0/24"}[pick(4)])
 		}
 		if chance(0.3) {
-			n.DiscoveredEndpoints = map[Key]netip.AddrPort{key(1 + pick(nNodes)): netip.MustParseAddrPort(fmt.Sprintf("198.51.100.%d:4000", i+1))}
+			n.DiscoveredEndpoints = map[topology.Key]netip.AddrPort{key(1 + pick(nNodes)): netip.MustParseAddrPort(fmt.Sprintf("198.51.100.%d:4000", i+1))}
 		}
 		if chance(0.1) {
 			n.ForceEndpoint = fmt.Sprintf("198.18.0.%d:51820", i+1)
@@ -93,9 +96,9 @@ func randomInput(seed uint64) (Snapshot, Self) {
 		if chance(0.3) {
 			n.WireGuardIP = pfx(fmt.Sprintf("10.4.0.%d/16", 1+pick(3)))
 		}
-		n.Tunnels = []string{"", TunnelsUp, TunnelsDown}[pick(3)]
+		n.Tunnels = []string{"", topology.TunnelsUp, topology.TunnelsDown}[pick(3)]
 		if chance(0.1) {
-			n.Degraded = ReasonWireGuardDegraded
+			n.Degraded = failover.ReasonWireGuardDegraded
 		}
 		if chance(0.2) {
 			n.CNICompatibilityIP = pfx(fmt.Sprintf("10.244.%d.1/32", i))
@@ -103,7 +106,7 @@ func randomInput(seed uint64) (Snapshot, Self) {
 		snap.Nodes = append(snap.Nodes, n)
 	}
 	for i := 0; i < pick(4); i++ {
-		p := Peer{Name: fmt.Sprintf("peer-%d", i), PublicKey: key(100 + i), AllowedIPs: pfxs(fmt.Sprintf("10.5.%d.0/24", i))}
+		p := topology.Peer{Name: fmt.Sprintf("peer-%d", i), PublicKey: key(100 + i), AllowedIPs: pfxs(fmt.Sprintf("10.5.%d.0/24", i))}
 		switch pick(6) {
 		case 0:
 			p.AllowedIPs = append(p.AllowedIPs, pfx("10.244.0.0/24")) // a node's pod CIDR
@@ -119,12 +122,12 @@ func randomInput(seed uint64) (Snapshot, Self) {
 			p.PersistentKeepalive = 25
 		}
 		if chance(0.2) {
-			p.NodeKeepalive = []KeepaliveRule{{Value: 7, Location: locs[0]}}
+			p.NodeKeepalive = []topology.KeepaliveRule{{Value: 7, Location: locs[0]}}
 		}
 		snap.Peers = append(snap.Peers, p)
 	}
 	if chance(0.6) {
-		mesh := Mesh{Namespace: "kilo-system", Name: "mesh", Clusters: []MeshCluster{
+		mesh := topology.Mesh{Namespace: "kilo-system", Name: "mesh", Clusters: []topology.MeshCluster{
 			{Name: "local", Local: true, AllowedNetworks: pfxs("10.244.0.0/16", "10.4.0.0/16"), PersistentKeepalive: []int{0, 25}[pick(2)]}}}
 		for c := 0; c < 1+pick(2); c++ {
 			name := fmt.Sprintf("remote-%d", c)
@@ -132,16 +135,16 @@ func randomInput(seed uint64) (Snapshot, Self) {
 			if chance(0.1) {
 				nets = append(nets, pfx("10.244.5.0/24")) // overlaps the local cluster
 			}
-			mesh.Clusters = append(mesh.Clusters, MeshCluster{Name: name, AllowedNetworks: nets, WireGuardPort: 51820, PersistentKeepalive: []int{0, 10}[pick(2)]})
+			mesh.Clusters = append(mesh.Clusters, topology.MeshCluster{Name: name, AllowedNetworks: nets, WireGuardPort: 51820, PersistentKeepalive: []int{0, 10}[pick(2)]})
 			if chance(0.2) {
 				continue // declared, not watched yet
 			}
-			rc := RemoteCluster{Name: name, Synced: chance(0.85)}
+			rc := topology.RemoteCluster{Name: name, Synced: chance(0.85)}
 			if chance(0.2) {
 				rc.ObservedAt = now.Add(-30 * time.Second)
 			}
 			for j := 0; j < 1+pick(4); j++ {
-				rn := Node{Name: fmt.Sprintf("r%d-%d", c, j), LocationAnnotation: []string{"x", "y"}[pick(2)], PublicKey: key(200 + 10*c + j),
+				rn := topology.Node{Name: fmt.Sprintf("r%d-%d", c, j), LocationAnnotation: []string{"x", "y"}[pick(2)], PublicKey: key(200 + 10*c + j),
 					PodCIDRs: pfxs(fmt.Sprintf("10.%d.%d.0/24", 10+c, j)), LastSeen: now.Add(-time.Duration(pick(90)) * time.Second),
 					Endpoint: fmt.Sprintf("192.0.2.%d:51820", 10*c+j+1), InternalIP: pfx(fmt.Sprintf("172.16.%d.%d/24", c, j+1))}
 				if chance(0.6) {
@@ -165,11 +168,11 @@ func randomInput(seed uint64) (Snapshot, Self) {
 				rc.Nodes = append(rc.Nodes, rn)
 			}
 			if chance(0.3) {
-				rc.Peers = []Peer{{Name: "laptop", PublicKey: key(250 + c), AllowedIPs: pfxs(fmt.Sprintf("10.%d.200.0/24", 10+c), "0.0.0.0/0")}}
+				rc.Peers = []topology.Peer{{Name: "laptop", PublicKey: key(250 + c), AllowedIPs: pfxs(fmt.Sprintf("10.%d.200.0/24", 10+c), "0.0.0.0/0")}}
 			}
 			snap.Remotes = append(snap.Remotes, rc)
 		}
-		snap.Meshes = []Mesh{mesh}
+		snap.Meshes = []topology.Mesh{mesh}
 	}
 	selfIdx := pick(nNodes)
 	sn := snap.Nodes[selfIdx]
@@ -178,37 +181,37 @@ func randomInput(seed uint64) (Snapshot, Self) {
 	if chance(0.2) {
 		self.CiliumHostIP = pfx(fmt.Sprintf("10.244.%d.1/32", selfIdx))
 	}
-	self.TunnelDevice = []string{"", TunnelIPIP, TunnelCilium}[pick(3)]
+	self.TunnelDevice = []string{"", topology.TunnelIPIP, topology.TunnelCilium}[pick(3)]
 	if chance(0.5) {
 		self.DefaultGateway = addr("10.0.1.254")
 	}
 	for k := 1; k <= nNodes; k++ {
 		if chance(0.3) {
-			self.Device = append(self.Device, DevicePeer{PublicKey: key(k), Endpoint: netip.MustParseAddrPort(fmt.Sprintf("198.51.100.%d:5000", k)), Handshake: chance(0.8)})
+			self.Device = append(self.Device, topology.DevicePeer{PublicKey: key(k), Endpoint: netip.MustParseAddrPort(fmt.Sprintf("198.51.100.%d:5000", k)), Handshake: chance(0.8)})
 		}
 	}
 	if chance(0.2) {
-		self.Device = append(self.Device, DevicePeer{PublicKey: key(240), AllowedIPs: pfxs("10.10.9.0/24"), PersistentKeepalive: 10})
+		self.Device = append(self.Device, topology.DevicePeer{PublicKey: key(240), AllowedIPs: pfxs("10.10.9.0/24"), PersistentKeepalive: 10})
 	}
 	if chance(0.5) {
 		holder := []string{"", sn.Name, snap.Nodes[pick(nNodes)].Name}[pick(3)]
-		snap.Lease = &LeaseState{Name: LeaseName(sn.location(withDefaults(set))), Exists: chance(0.8), Holder: holder,
+		snap.Lease = &topology.LeaseState{Name: failover.LeaseName(topology.NodeLocation(sn, set)), Exists: chance(0.8), Holder: holder,
 			Duration: 3 * time.Second, Fresh: now.Add(-time.Duration(pick(6)) * time.Second)}
 		if chance(0.2) {
-			snap.Lease.StepAsides = map[string]StepAside{snap.Nodes[pick(nNodes)].Name: {Reason: ReasonWireGuardDegraded, At: now.Add(-time.Minute)}}
+			snap.Lease.StepAsides = map[string]topology.StepAside{snap.Nodes[pick(nNodes)].Name: {Reason: failover.ReasonWireGuardDegraded, At: now.Add(-time.Minute)}}
 		}
 	}
 	if chance(0.4) {
-		h := &Health{}
+		h := &topology.Health{}
 		for k := 1; k <= 2; k++ {
-			t := TunnelProbe{PublicKey: key(k), Since: now.Add(-10 * time.Second)}
+			t := topology.TunnelProbe{PublicKey: key(k), Since: now.Add(-10 * time.Second)}
 			if chance(0.5) {
 				t.Answered = now.Add(-time.Duration(pick(8)) * time.Second)
 			}
 			h.Peers = append(h.Peers, t)
 		}
 		if chance(0.5) {
-			h.Gateway = GatewayProbe{Addr: addr("10.0.1.254"), Since: now.Add(-time.Minute), Answered: now.Add(-time.Duration(pick(10)) * time.Second)}
+			h.Gateway = topology.GatewayProbe{Addr: addr("10.0.1.254"), Since: now.Add(-time.Minute), Answered: now.Add(-time.Duration(pick(10)) * time.Second)}
 		}
 		self.Health = h
 	}

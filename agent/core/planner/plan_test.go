@@ -1,4 +1,4 @@
-package topology
+package planner
 
 import (
 	"fmt"
@@ -7,12 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 var now = time.Unix(1_800_000_000, 0)
 
-func key(i int) Key {
-	var k Key
+func key(i int) topology.Key {
+	var k topology.Key
 	k[0] = byte(i)
 	k[31] = 0x42
 	return k
@@ -29,8 +31,8 @@ func pfxs(ss ...string) []netip.Prefix {
 }
 
 // node builds a Ready node: name, location, private IP, endpoint, pod CIDR.
-func node(i int, name, loc, priv, endpoint, pod string) Node {
-	n := Node{
+func node(i int, name, loc, priv, endpoint, pod string) topology.Node {
+	n := topology.Node{
 		Name: name, LocationAnnotation: loc, Endpoint: endpoint, PublicKey: key(i),
 		PodCIDRs: pfxs(pod), LastSeen: now.Add(-5 * time.Second), Ready: true,
 	}
@@ -42,30 +44,30 @@ func node(i int, name, loc, priv, endpoint, pod string) Node {
 
 // selfOf is what the agent on n would observe: its internal IP and its
 // endpoint's IP on iface, which holds the default route.
-func selfOf(n Node, iface string) Self {
-	s := Self{Name: n.Name, PublicKey: n.PublicKey, DefaultInterface: iface, DefaultMTU: 1500}
+func selfOf(n topology.Node, iface string) topology.Self {
+	s := topology.Self{Name: n.Name, PublicKey: n.PublicKey, DefaultInterface: iface, DefaultMTU: 1500}
 	if n.InternalIP.IsValid() {
-		s.Addresses = append(s.Addresses, HostAddress{Interface: iface, Prefix: n.InternalIP})
+		s.Addresses = append(s.Addresses, topology.HostAddress{Interface: iface, Prefix: n.InternalIP})
 	}
-	if a := endpointAddr(n.Endpoint); a.IsValid() && (!n.InternalIP.IsValid() || a != n.InternalIP.Addr()) {
-		s.Addresses = append(s.Addresses, HostAddress{Interface: iface, Prefix: netip.PrefixFrom(a, a.BitLen())})
+	if a := endpointIP(n.Endpoint); a.IsValid() && (!n.InternalIP.IsValid() || a != n.InternalIP.Addr()) {
+		s.Addresses = append(s.Addresses, topology.HostAddress{Interface: iface, Prefix: netip.PrefixFrom(a, a.BitLen())})
 	}
 	return s
 }
 
 // devicePeers is a device that completed a handshake with each key, at the
 // endpoint given.
-func devicePeers(eps map[Key]netip.AddrPort) []DevicePeer {
-	var out []DevicePeer
+func devicePeers(eps map[topology.Key]netip.AddrPort) []topology.DevicePeer {
+	var out []topology.DevicePeer
 	for k, ep := range eps {
-		out = append(out, DevicePeer{PublicKey: k, Endpoint: ep, Handshake: true})
+		out = append(out, topology.DevicePeer{PublicKey: k, Endpoint: ep, Handshake: true})
 	}
 	return out
 }
 
 // threeLocations: a (2 nodes, a-2 has the leader annotation), b (2 nodes,
 // b-2 has a public endpoint), c (1 node).
-func threeLocations() []Node {
+func threeLocations() []topology.Node {
 	a1 := node(1, "a-1", "a", "10.0.1.1/24", "10.0.1.1:51820", "10.244.1.0/24")
 	a2 := node(2, "a-2", "a", "10.0.1.2/24", "10.0.1.2:51820", "10.244.2.0/24")
 	a2.Leader = true
@@ -73,10 +75,10 @@ func threeLocations() []Node {
 	b2 := node(4, "b-2", "b", "10.0.2.2/24", "198.51.100.2:51820", "10.244.4.0/24")
 	c1 := node(5, "c-1", "c", "10.0.3.1/24", "203.0.113.5:51820", "10.244.5.0/24")
 	c1.AllowedLocationIPs = pfxs("192.168.50.0/24")
-	return []Node{a1, a2, b1, b2, c1}
+	return []topology.Node{a1, a2, b1, b2, c1}
 }
 
-func peerByName(t *testing.T, pl Plan, name string) WireGuardPeer {
+func peerByName(t *testing.T, pl topology.Plan, name string) topology.WireGuardPeer {
 	t.Helper()
 	for _, p := range pl.WireGuard.Peers {
 		if p.Name == name {
@@ -84,10 +86,10 @@ func peerByName(t *testing.T, pl Plan, name string) WireGuardPeer {
 		}
 	}
 	t.Fatalf("no peer %q in plan; peers: %v", name, peerNames(pl))
-	return WireGuardPeer{}
+	return topology.WireGuardPeer{}
 }
 
-func peerNames(pl Plan) []string {
+func peerNames(pl topology.Plan) []string {
 	var out []string
 	for _, p := range pl.WireGuard.Peers {
 		out = append(out, string(p.Kind)+":"+p.Name)
@@ -95,16 +97,16 @@ func peerNames(pl Plan) []string {
 	return out
 }
 
-func routeTo(pl Plan, dst string, table int) (Route, bool) {
+func routeTo(pl topology.Plan, dst string, table int) (topology.Route, bool) {
 	for _, r := range pl.Routes {
 		if r.Dst == pfx(dst) && r.Table == table {
 			return r, true
 		}
 	}
-	return Route{}, false
+	return topology.Route{}, false
 }
 
-func hasRejection(pl Plan, obj string, reason Reason) bool {
+func hasRejection(pl topology.Plan, obj string, reason topology.Reason) bool {
 	for _, r := range pl.Rejections {
 		if r.Object.String() == obj && r.Reason == reason {
 			return true
@@ -115,8 +117,8 @@ func hasRejection(pl Plan, obj string, reason Reason) bool {
 
 func TestSegmentsLeadersAndWireGuardIPs(t *testing.T) {
 	nodes := threeLocations()
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
-	want := []SegmentInfo{
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	want := []topology.SegmentInfo{
 		{Name: "location:a", Location: "a", Leader: "a-2", Nodes: []string{"a-1", "a-2"}, WireGuardIP: pfx("10.4.0.1/16")},
 		{Name: "location:b", Location: "b", Leader: "b-2", Nodes: []string{"b-1", "b-2"}, WireGuardIP: pfx("10.4.0.2/16")},
 		{Name: "location:c", Location: "c", Leader: "c-1", Nodes: []string{"c-1"}, WireGuardIP: pfx("10.4.0.3/16")},
@@ -124,11 +126,11 @@ func TestSegmentsLeadersAndWireGuardIPs(t *testing.T) {
 	if !reflect.DeepEqual(pl.Segments, want) {
 		t.Fatalf("segments:\n got %+v\nwant %+v", pl.Segments, want)
 	}
-	if !pl.Leader || pl.WireGuardIP != pfx("10.4.0.1/16") || pl.Annotations[AnnotationWireGuardIP] != "10.4.0.1/16" {
-		t.Fatalf("a-2 should lead location a with 10.4.0.1/16: leader=%v ip=%v ann=%q", pl.Leader, pl.WireGuardIP, pl.Annotations[AnnotationWireGuardIP])
+	if !pl.Leader || pl.WireGuardIP != pfx("10.4.0.1/16") || pl.Annotations[topology.AnnotationWireGuardIP] != "10.4.0.1/16" {
+		t.Fatalf("a-2 should lead location a with 10.4.0.1/16: leader=%v ip=%v ann=%q", pl.Leader, pl.WireGuardIP, pl.Annotations[topology.AnnotationWireGuardIP])
 	}
 	b := peerByName(t, pl, "b-2")
-	if b.Endpoint != "198.51.100.2:51820" || b.Kind != KindSegment || b.PublicKey != key(4) {
+	if b.Endpoint != "198.51.100.2:51820" || b.Kind != topology.KindSegment || b.PublicKey != key(4) {
 		t.Errorf("peer b-2: %+v", b)
 	}
 	wantIPs := pfxs("10.0.2.1/32", "10.0.2.2/32", "10.4.0.2/32", "10.244.3.0/24", "10.244.4.0/24")
@@ -145,7 +147,7 @@ func TestSegmentsLeadersAndWireGuardIPs(t *testing.T) {
 	// Leader routes: other segments via their WireGuard IP on kilo0, onlink,
 	// src = private IP.
 	r, ok := routeTo(pl, "10.244.3.0/24", 0)
-	if want := (Route{Dst: pfx("10.244.3.0/24"), Gw: addr("10.4.0.2"), Dev: "kilo0", Src: addr("10.0.1.2"), OnLink: true}); !ok || r != want {
+	if want := (topology.Route{Dst: pfx("10.244.3.0/24"), Gw: addr("10.4.0.2"), Dev: "kilo0", Src: addr("10.0.1.2"), OnLink: true}); !ok || r != want {
 		t.Errorf("route to b-1's pods = %+v, want %+v", r, want)
 	}
 	if r, ok := routeTo(pl, "192.168.50.0/24", 0); !ok || r.Gw != addr("10.4.0.3") {
@@ -156,37 +158,12 @@ func TestSegmentsLeadersAndWireGuardIPs(t *testing.T) {
 	}
 
 	// Every node computes the same leaders; a-1 is not a leader.
-	pl1 := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[0], "eth0"))
-	if pl1.Leader || pl1.WireGuard.Up || len(pl1.WireGuard.Peers) != 0 || pl1.Annotations[AnnotationWireGuardIP] != "" {
+	pl1 := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[0], "eth0"))
+	if pl1.Leader || pl1.WireGuard.Up || len(pl1.WireGuard.Peers) != 0 || pl1.Annotations[topology.AnnotationWireGuardIP] != "" {
 		t.Fatalf("a-1 should be a non-leader with kilo0 down and no peers: %+v", pl1.WireGuard)
 	}
 	if !reflect.DeepEqual(pl1.Segments, pl.Segments) {
 		t.Fatal("two nodes disagree on the topology")
-	}
-}
-
-func TestFindLeader(t *testing.T) {
-	mk := func(name, ep string, leader bool) *Node {
-		return &Node{Name: name, Endpoint: ep, Leader: leader}
-	}
-	for _, tc := range []struct {
-		name  string
-		nodes []*Node
-		want  string
-	}{
-		{"first when nothing stands out", []*Node{mk("a", "10.0.0.1:1", false), mk("b", "10.0.0.2:1", false)}, "a"},
-		{"public endpoint wins", []*Node{mk("a", "10.0.0.1:1", false), mk("b", "1.2.3.4:1", false)}, "b"},
-		{"annotation beats public", []*Node{mk("a", "1.2.3.4:1", false), mk("b", "10.0.0.2:1", true)}, "b"},
-		{"annotated and public beats annotated", []*Node{mk("a", "10.0.0.1:1", true), mk("b", "1.2.3.4:1", true)}, "b"},
-		{"DNS endpoint is not public", []*Node{mk("a", "10.0.0.1:1", false), mk("b", "vpn.example.com:1", false)}, "a"},
-		{"IPv6 ULA is private", []*Node{mk("a", "[fd00::1]:1", false), mk("b", "[2001:db8::1]:1", false)}, "b"},
-		{"172.16/12 is private", []*Node{mk("a", "172.20.0.1:1", false), mk("b", "172.32.0.1:1", false)}, "b"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.nodes[findLeader(tc.nodes)].Name; got != tc.want {
-				t.Errorf("leader = %s, want %s", got, tc.want)
-			}
-		})
 	}
 }
 
@@ -197,7 +174,7 @@ func TestReadiness(t *testing.T) {
 	noCIDR := nodes[4]
 	noCIDR.PodCIDRs = nil
 	nodes[3], nodes[4] = stale, noCIDR
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
 	if got := peerNames(pl); !reflect.DeepEqual(got, []string{"segment:b-1"}) {
 		t.Fatalf("peers = %v: a stale leader fails over to b-1, a node without pod CIDR is out", got)
 	}
@@ -206,30 +183,30 @@ func TestReadiness(t *testing.T) {
 func TestGranularity(t *testing.T) {
 	nodes := threeLocations()
 	for _, tc := range []struct {
-		g         Granularity
+		g         topology.Granularity
 		wantPeers []string
 		wantIP    string
 	}{
-		{GranularityFull, []string{"segment:a-1", "segment:b-1", "segment:b-2", "segment:c-1"}, "10.4.0.2/16"},
+		{topology.GranularityFull, []string{"segment:a-1", "segment:b-1", "segment:b-2", "segment:c-1"}, "10.4.0.2/16"},
 		// cross: one segment per node, but no tunnel inside location a.
-		{GranularityCross, []string{"segment:b-1", "segment:b-2", "segment:c-1"}, "10.4.0.2/16"},
+		{topology.GranularityCross, []string{"segment:b-1", "segment:b-2", "segment:c-1"}, "10.4.0.2/16"},
 	} {
 		t.Run(string(tc.g), func(t *testing.T) {
-			pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Granularity: tc.g}}, selfOf(nodes[1], "eth0"))
+			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{Granularity: tc.g}}, selfOf(nodes[1], "eth0"))
 			if !pl.Leader || pl.Segment != "node:a-2" || pl.WireGuardIP != pfx(tc.wantIP) {
 				t.Fatalf("leader=%v segment=%s ip=%v", pl.Leader, pl.Segment, pl.WireGuardIP)
 			}
 			if got := peerNames(pl); !reflect.DeepEqual(got, tc.wantPeers) {
 				t.Fatalf("peers = %v, want %v", got, tc.wantPeers)
 			}
-			if pl.Annotations[AnnotationGranularity] != string(tc.g) {
-				t.Errorf("granularity annotation = %q", pl.Annotations[AnnotationGranularity])
+			if pl.Annotations[topology.AnnotationGranularity] != string(tc.g) {
+				t.Errorf("granularity annotation = %q", pl.Annotations[topology.AnnotationGranularity])
 			}
 			_, viaWG := routeTo(pl, "10.244.1.0/24", 0)
-			if tc.g == GranularityCross && viaWG {
+			if tc.g == topology.GranularityCross && viaWG {
 				t.Error("cross granularity must not route a-1 through WireGuard")
 			}
-			if tc.g == GranularityFull && !viaWG {
+			if tc.g == topology.GranularityFull && !viaWG {
 				t.Error("full granularity routes a-1 through WireGuard")
 			}
 		})
@@ -239,7 +216,7 @@ func TestGranularity(t *testing.T) {
 func TestNodeWithoutInternalIPIsOwnSegment(t *testing.T) {
 	nodes := threeLocations()
 	nodes[0].InternalIP = netip.Prefix{}
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
 	if len(pl.Segments) != 4 || pl.Segments[3].Name != "node:a-1" {
 		t.Fatalf("segments = %+v", pl.Segments)
 	}
@@ -248,34 +225,34 @@ func TestNodeWithoutInternalIPIsOwnSegment(t *testing.T) {
 
 func TestPeerKeepalivePrecedence(t *testing.T) {
 	nodes := threeLocations()
-	laptop := Peer{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), Endpoint: "203.0.113.7:51820", PersistentKeepalive: 25, PublicKey: key(100)}
-	phone := Peer{Name: "phone", AllowedIPs: pfxs("10.5.0.2/32"), PublicKey: key(101)}
-	ruled := Peer{Name: "ruled", AllowedIPs: pfxs("10.5.0.3/32"), PublicKey: key(102), PersistentKeepalive: 25,
-		NodeKeepalive: []KeepaliveRule{{Value: 7, Location: "b"}, {Value: 9, NodeSelector: map[string]string{"tier": "edge"}}, {Value: 11, Location: "a"}}}
+	laptop := topology.Peer{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), Endpoint: "203.0.113.7:51820", PersistentKeepalive: 25, PublicKey: key(100)}
+	phone := topology.Peer{Name: "phone", AllowedIPs: pfxs("10.5.0.2/32"), PublicKey: key(101)}
+	ruled := topology.Peer{Name: "ruled", AllowedIPs: pfxs("10.5.0.3/32"), PublicKey: key(102), PersistentKeepalive: 25,
+		NodeKeepalive: []topology.KeepaliveRule{{Value: 7, Location: "b"}, {Value: 9, NodeSelector: map[string]string{"tier": "edge"}}, {Value: 11, Location: "a"}}}
 	for _, tc := range []struct {
 		name    string
 		nodeKA  int
 		labels  map[string]string
-		peer    Peer
+		peer    topology.Peer
 		want    int
-		wantSrc KeepaliveSource
+		wantSrc topology.KeepaliveSource
 		roaming bool
 	}{
 		// Kilo ignores spec.persistentKeepalive on the nodes; meshlet applies it.
-		{"spec keepalive without node annotation", 0, nil, laptop, 25, KeepalivePeerSpec, true},
-		{"spec wins over node annotation", 10, nil, laptop, 25, KeepalivePeerSpec, true},
-		{"node annotation when spec is 0", 10, nil, phone, 10, KeepaliveNodeAnnotation, true},
-		{"nothing", 0, nil, phone, 0, KeepaliveNone, true},
-		{"first matching rule: selector", 0, map[string]string{"tier": "edge"}, ruled, 9, KeepalivePeerAnnotation, true},
-		{"first matching rule: location", 0, nil, ruled, 11, KeepalivePeerAnnotation, true},
+		{"spec keepalive without node annotation", 0, nil, laptop, 25, topology.KeepalivePeerSpec, true},
+		{"spec wins over node annotation", 10, nil, laptop, 25, topology.KeepalivePeerSpec, true},
+		{"node annotation when spec is 0", 10, nil, phone, 10, topology.KeepaliveNodeAnnotation, true},
+		{"nothing", 0, nil, phone, 0, topology.KeepaliveNone, true},
+		{"first matching rule: selector", 0, map[string]string{"tier": "edge"}, ruled, 9, topology.KeepalivePeerAnnotation, true},
+		{"first matching rule: location", 0, nil, ruled, 11, topology.KeepalivePeerAnnotation, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := append([]Node(nil), nodes...)
+			ns := append([]topology.Node(nil), nodes...)
 			ns[1].PersistentKeepalive = tc.nodeKA
 			ns[1].Labels = tc.labels
-			pl := Compute(Snapshot{Now: now, Nodes: ns, Peers: []Peer{tc.peer}}, selfOf(ns[1], "eth0"))
+			pl := Compute(topology.Snapshot{Now: now, Nodes: ns, Peers: []topology.Peer{tc.peer}}, selfOf(ns[1], "eth0"))
 			got := peerByName(t, pl, tc.peer.Name)
-			if got.PersistentKeepalive != tc.want || got.KeepaliveSource != tc.wantSrc || got.Roaming != tc.roaming || got.Kind != KindPeer {
+			if got.PersistentKeepalive != tc.want || got.KeepaliveSource != tc.wantSrc || got.Roaming != tc.roaming || got.Kind != topology.KindPeer {
 				t.Fatalf("keepalive=%d (%s) roaming=%v, want %d (%s) %v", got.PersistentKeepalive, got.KeepaliveSource, got.Roaming, tc.want, tc.wantSrc, tc.roaming)
 			}
 			if r, ok := routeTo(pl, tc.peer.AllowedIPs[0].String(), 0); !ok || r.Dev != "kilo0" || r.Gw.IsValid() {
@@ -288,7 +265,7 @@ func TestPeerKeepalivePrecedence(t *testing.T) {
 func TestPeerValidationAsSet(t *testing.T) {
 	nodes := threeLocations()
 	self := selfOf(nodes[1], "eth0")
-	peers := []Peer{
+	peers := []topology.Peer{
 		{Name: "b", AllowedIPs: pfxs("10.5.0.1/32", "10.5.0.2/32"), PublicKey: key(100)},
 		{Name: "a", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(101)},
 		{Name: "c-dup-key", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(101)},
@@ -296,7 +273,7 @@ func TestPeerValidationAsSet(t *testing.T) {
 		// A node's pod CIDR stays the node's.
 		{Name: "e-node-cidr", AllowedIPs: pfxs("10.244.5.0/24", "10.5.0.7/32"), PublicKey: key(102)},
 	}
-	pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
 	if got := peerNames(pl); !reflect.DeepEqual(got, []string{"segment:b-2", "segment:c-1", "peer:a", "peer:b", "peer:e-node-cidr"}) {
 		t.Fatalf("peers = %v", got)
 	}
@@ -311,8 +288,8 @@ func TestPeerValidationAsSet(t *testing.T) {
 	}
 	for _, want := range []struct {
 		obj    string
-		reason Reason
-	}{{"Peer/b", ReasonDuplicateAllowedIP}, {"Peer/c-dup-key", ReasonDuplicateKey}, {"Peer/d-own-key", ReasonOwnKey}, {"Peer/e-node-cidr", ReasonDuplicateAllowedIP}} {
+		reason topology.Reason
+	}{{"Peer/b", topology.ReasonDuplicateAllowedIP}, {"Peer/c-dup-key", topology.ReasonDuplicateKey}, {"Peer/d-own-key", topology.ReasonOwnKey}, {"Peer/e-node-cidr", topology.ReasonDuplicateAllowedIP}} {
 		if !hasRejection(pl, want.obj, want.reason) {
 			t.Errorf("missing rejection %s %s in %+v", want.obj, want.reason, pl.Rejections)
 		}
@@ -323,12 +300,12 @@ func TestDiscoveredEndpointsForRoamingPeers(t *testing.T) {
 	nodes := threeLocations()
 	// c-1 is behind NAT: it keeps its link alive, a-1 learned where it is.
 	nodes[4].PersistentKeepalive = 25
-	nodes[0].DiscoveredEndpoints = map[Key]netip.AddrPort{
+	nodes[0].DiscoveredEndpoints = map[topology.Key]netip.AddrPort{
 		key(5): netip.MustParseAddrPort("198.51.100.77:40000"),
 		key(4): netip.MustParseAddrPort("198.51.100.78:40000"), // b-2 does not roam
 	}
 	self := selfOf(nodes[1], "eth0")
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, self)
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, self)
 	if c := peerByName(t, pl, "c-1"); c.Endpoint != "198.51.100.77:40000" || c.EndpointSource != "discovered" || !c.Roaming {
 		t.Errorf("c-1 = %+v, want the discovered endpoint", c)
 	}
@@ -337,17 +314,17 @@ func TestDiscoveredEndpointsForRoamingPeers(t *testing.T) {
 	}
 	// This node's own device wins, and it publishes what it learned for
 	// roaming peers only.
-	self.Device = devicePeers(map[Key]netip.AddrPort{
+	self.Device = devicePeers(map[topology.Key]netip.AddrPort{
 		key(5): netip.MustParseAddrPort("198.51.100.99:41000"),
 		key(4): netip.MustParseAddrPort("198.51.100.2:51820"),
 		key(9): netip.MustParseAddrPort("127.0.0.1:1"),
 	})
-	pl = Compute(Snapshot{Now: now, Nodes: nodes}, self)
+	pl = Compute(topology.Snapshot{Now: now, Nodes: nodes}, self)
 	if c := peerByName(t, pl, "c-1"); c.Endpoint != "198.51.100.99:41000" {
 		t.Errorf("c-1 endpoint = %s, want the device's", c.Endpoint)
 	}
 	want := `{"` + key(5).String() + `":{"IP":"198.51.100.99","Port":41000,"Zone":""}}`
-	if got := pl.Annotations[AnnotationDiscoveredEndpoints]; got != want {
+	if got := pl.Annotations[topology.AnnotationDiscoveredEndpoints]; got != want {
 		t.Errorf("discovered-endpoints = %s, want %s", got, want)
 	}
 }
@@ -357,17 +334,17 @@ func TestAnnotationsPublished(t *testing.T) {
 	self := selfOf(nodes[0], "eth0")
 	self.CiliumHostIP = pfx("10.244.1.1/32")
 	self.Version = "v1.2.3"
-	pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Compatibility: CompatibilityCilium}}, self)
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{Compatibility: topology.CompatibilityCilium}}, self)
 	want := map[string]string{
-		AnnotationVersion:             "v1.2.3",
-		AnnotationKey:                 key(1).String(),
-		AnnotationEndpoint:            "10.0.1.1:51820",
-		AnnotationInternalIP:          "10.0.1.1/24",
-		AnnotationLastSeen:            "1800000000",
-		AnnotationWireGuardIP:         "",
-		AnnotationGranularity:         "location",
-		AnnotationCNICompatibilityIP:  "10.244.1.1/32",
-		AnnotationDiscoveredEndpoints: "{}",
+		topology.AnnotationVersion:             "v1.2.3",
+		topology.AnnotationKey:                 key(1).String(),
+		topology.AnnotationEndpoint:            "10.0.1.1:51820",
+		topology.AnnotationInternalIP:          "10.0.1.1/24",
+		topology.AnnotationLastSeen:            "1800000000",
+		topology.AnnotationWireGuardIP:         "",
+		topology.AnnotationGranularity:         "location",
+		topology.AnnotationCNICompatibilityIP:  "10.244.1.1/32",
+		topology.AnnotationDiscoveredEndpoints: "{}",
 	}
 	if !reflect.DeepEqual(pl.Annotations, want) {
 		t.Fatalf("annotations:\n got %v\nwant %v", pl.Annotations, want)
@@ -377,22 +354,22 @@ func TestAnnotationsPublished(t *testing.T) {
 func TestSelfNotReadyPublishesOnly(t *testing.T) {
 	nodes := threeLocations()
 	nodes[0].PodCIDRs = nil
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[0], "eth0"))
-	if pl.Leader || len(pl.WireGuard.Peers) != 0 || len(pl.Routes) != 0 || pl.Annotations[AnnotationKey] == "" {
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[0], "eth0"))
+	if pl.Leader || len(pl.WireGuard.Peers) != 0 || len(pl.Routes) != 0 || pl.Annotations[topology.AnnotationKey] == "" {
 		t.Fatalf("a node outside the mesh only publishes its annotations: %+v", pl)
 	}
 }
 
 // ciliumSite is Cozystack's setup: location "a" with leader a-1 and
 // non-leader a-2 (cilium_host IPs published), and remote location "b".
-func ciliumSite() ([]Node, Settings) {
+func ciliumSite() ([]topology.Node, topology.Settings) {
 	a1 := node(1, "a-1", "a", "192.168.1.10/32", "203.0.113.10:51820", "10.244.0.0/24")
 	a1.CNICompatibilityIP = pfx("10.244.0.77/32")
 	a2 := node(2, "a-2", "a", "192.168.1.11/32", "192.168.1.11:51820", "10.244.1.0/24")
 	a2.CNICompatibilityIP = pfx("10.244.1.88/32")
 	b1 := node(3, "b-1", "b", "192.168.2.10/32", "198.51.100.10:51820", "10.244.2.0/24")
-	return []Node{a1, a2, b1}, Settings{
-		Compatibility: CompatibilityCilium, Encapsulate: EncapsulateCrossSubnet, Local: false,
+	return []topology.Node{a1, a2, b1}, topology.Settings{
+		Compatibility: topology.CompatibilityCilium, Encapsulate: topology.EncapsulateCrossSubnet, Local: false,
 		Subnet: pfx("100.66.0.0/16"), ServiceCIDRs: pfxs("10.96.0.0/12"),
 	}
 }
@@ -403,38 +380,38 @@ func TestCiliumLocalFalseRoutes(t *testing.T) {
 		name       string
 		self       int
 		tunnel     string
-		wantRoutes []Route
-		wantRules  []Rule
-		wantTunnel Tunnel
+		wantRoutes []topology.Route
+		wantRules  []topology.Rule
+		wantTunnel topology.Tunnel
 	}{
 		{
-			name: "leader", self: 0, tunnel: TunnelCilium,
-			wantRoutes: []Route{
+			name: "leader", self: 0, tunnel: topology.TunnelCilium,
+			wantRoutes: []topology.Route{
 				{Dst: pfx("10.244.2.0/24"), Gw: addr("100.66.0.2"), Dev: "kilo0", Src: addr("192.168.1.10"), OnLink: true},
 				{Dst: pfx("192.168.2.10/32"), Gw: addr("100.66.0.2"), Dev: "kilo0", Src: addr("192.168.1.10"), OnLink: true},
 				// Replies to the non-leader's private IP return via its
 				// cilium_host IP through the tunnel.
-				{Dst: pfx("192.168.1.11/32"), Gw: addr("10.244.1.88"), Dev: "cilium_tunl", OnLink: true, Table: KiloTable},
+				{Dst: pfx("192.168.1.11/32"), Gw: addr("10.244.1.88"), Dev: "cilium_tunl", OnLink: true, Table: topology.KiloTable},
 			},
-			wantRules:  []Rule{{Iif: "kilo0", Dst: pfx("192.168.1.11/32"), Table: KiloTable}},
-			wantTunnel: Tunnel{Name: "cilium_tunl"},
+			wantRules:  []topology.Rule{{Iif: "kilo0", Dst: pfx("192.168.1.11/32"), Table: topology.KiloTable}},
+			wantTunnel: topology.Tunnel{Name: "cilium_tunl"},
 		},
 		{
 			name: "non-leader", self: 1, tunnel: "",
-			wantRoutes: []Route{
+			wantRoutes: []topology.Route{
 				{Dst: pfx("10.244.2.0/24"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
 				{Dst: pfx("100.66.0.1/32"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
 				{Dst: pfx("100.66.0.2/32"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
 				{Dst: pfx("192.168.2.10/32"), Gw: addr("10.244.0.77"), Dev: "tunl0", Src: addr("192.168.1.11"), OnLink: true},
 			},
-			wantRules:  []Rule{},
-			wantTunnel: Tunnel{Name: "tunl0", Create: true},
+			wantRules:  []topology.Rule{},
+			wantTunnel: topology.Tunnel{Name: "tunl0", Create: true},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			self := selfOf(nodes[tc.self], "eth0")
 			self.TunnelDevice = tc.tunnel
-			pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: set}, self)
+			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: set}, self)
 			if !reflect.DeepEqual(pl.Routes, tc.wantRoutes) {
 				t.Errorf("routes:\n got %s\nwant %s", fmtRoutes(pl.Routes), fmtRoutes(tc.wantRoutes))
 			}
@@ -448,7 +425,7 @@ func TestCiliumLocalFalseRoutes(t *testing.T) {
 	}
 }
 
-func fmtRoutes(rs []Route) string {
+func fmtRoutes(rs []topology.Route) string {
 	var b strings.Builder
 	for _, r := range rs {
 		fmt.Fprintf(&b, "\n  %v via %v dev %s src %v table %d onlink=%v", r.Dst, r.Gw, r.Dev, r.Src, r.Table, r.OnLink)
@@ -464,21 +441,21 @@ func TestIPIPLocalTrueRoutes(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		self     int
-		wantKilo []Route
-		rules    []Rule
+		wantKilo []topology.Route
+		rules    []topology.Rule
 	}{
 		{"non-leader a-1", 0,
-			[]Route{{Dst: pfx("10.0.1.2/32"), Gw: addr("10.0.1.2"), Dev: "tunl0", OnLink: true, Table: KiloTable, Src: addr("10.0.1.1")}},
-			[]Rule{{Src: pfx("10.244.1.0/24"), Dst: pfx("10.0.1.2/32"), Table: KiloTable}}},
+			[]topology.Route{{Dst: pfx("10.0.1.2/32"), Gw: addr("10.0.1.2"), Dev: "tunl0", OnLink: true, Table: topology.KiloTable, Src: addr("10.0.1.1")}},
+			[]topology.Rule{{Src: pfx("10.244.1.0/24"), Dst: pfx("10.0.1.2/32"), Table: topology.KiloTable}}},
 		{"leader a-2", 1,
-			[]Route{{Dst: pfx("10.0.1.1/32"), Gw: addr("10.0.1.1"), Dev: "tunl0", OnLink: true, Table: KiloTable, Src: addr("10.0.1.2")}},
-			[]Rule{{Iif: "kilo0", Dst: pfx("10.0.1.1/32"), Table: KiloTable}, {Src: pfx("10.244.2.0/24"), Dst: pfx("10.0.1.1/32"), Table: KiloTable}}},
+			[]topology.Route{{Dst: pfx("10.0.1.1/32"), Gw: addr("10.0.1.1"), Dev: "tunl0", OnLink: true, Table: topology.KiloTable, Src: addr("10.0.1.2")}},
+			[]topology.Rule{{Iif: "kilo0", Dst: pfx("10.0.1.1/32"), Table: topology.KiloTable}, {Src: pfx("10.244.2.0/24"), Dst: pfx("10.0.1.1/32"), Table: topology.KiloTable}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Local: true}}, selfOf(nodes[tc.self], "eth0"))
-			var kilo []Route
+			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{Local: true}}, selfOf(nodes[tc.self], "eth0"))
+			var kilo []topology.Route
 			for _, r := range pl.Routes {
-				if r.Table == KiloTable {
+				if r.Table == topology.KiloTable {
 					kilo = append(kilo, r)
 				}
 			}
@@ -499,10 +476,10 @@ func TestIPIPLocalTrueRoutes(t *testing.T) {
 
 func TestNonLeaderIPIPCrossSubnet(t *testing.T) {
 	nodes := threeLocations()
-	pl := Compute(Snapshot{Now: now, Nodes: nodes, Settings: Settings{Encapsulate: EncapsulateCrossSubnet}}, selfOf(nodes[0], "eth0"))
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{Encapsulate: topology.EncapsulateCrossSubnet}}, selfOf(nodes[0], "eth0"))
 	// The leader a-2 is in a-1's subnet: plain route on the underlay.
 	r, ok := routeTo(pl, "10.244.5.0/24", 0)
-	if want := (Route{Dst: pfx("10.244.5.0/24"), Gw: addr("10.0.1.2"), Dev: "eth0", OnLink: true}); !ok || r != want {
+	if want := (topology.Route{Dst: pfx("10.244.5.0/24"), Gw: addr("10.0.1.2"), Dev: "eth0", OnLink: true}); !ok || r != want {
 		t.Fatalf("route = %+v, want %+v", r, want)
 	}
 	if pl.Tunnel.Name != "" {
@@ -538,14 +515,14 @@ func TestAllowedLocationIPsKiloRule(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes := threeLocations()
 			nodes[3].AllowedLocationIPs = pfxs(tc.alip)
-			peers := []Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
-			pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
+			peers := []topology.Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
+			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
 			b := peerByName(t, pl, "b-2")
 			_, routed := routeTo(pl, tc.alip, 0)
 			if kept := containedIn(pfx(tc.alip), b.AllowedIPs); kept != tc.kept || routed != tc.kept {
 				t.Errorf("%s: in b-2's allowed IPs %v, routed %v; want %v", tc.alip, kept, routed, tc.kept)
 			}
-			if rejected := hasRejection(pl, "Node/b-2", ReasonNetworksOverlap); rejected == tc.kept {
+			if rejected := hasRejection(pl, "Node/b-2", topology.ReasonNetworksOverlap); rejected == tc.kept {
 				t.Errorf("rejected = %v, want %v: %+v", rejected, !tc.kept, pl.Rejections)
 			}
 		})
@@ -572,8 +549,8 @@ func TestDiscoveredEndpointOnlyForKeepaliveTargets(t *testing.T) {
 			nodes := threeLocations()
 			nodes[1].PersistentKeepalive = tc.ours
 			nodes[4].PersistentKeepalive = tc.theirs
-			nodes[0].DiscoveredEndpoints = map[Key]netip.AddrPort{key(5): nat}
-			pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+			nodes[0].DiscoveredEndpoints = map[topology.Key]netip.AddrPort{key(5): nat}
+			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
 			c := peerByName(t, pl, "c-1")
 			if c.Endpoint != tc.wantEndpoint || c.Roaming != tc.wantRoaming {
 				t.Errorf("c-1 endpoint %q roaming %v, want %q %v", c.Endpoint, c.Roaming, tc.wantEndpoint, tc.wantRoaming)
@@ -587,9 +564,9 @@ func TestDiscoveredEndpointOnlyForKeepaliveTargets(t *testing.T) {
 // via an IPv4 next hop on a non-leader; no rule mixes families.
 func TestOneAddressFamilyPerRoute(t *testing.T) {
 	nodes := threeLocations()
-	peers := []Peer{{Name: "phone", AllowedIPs: pfxs("10.5.0.2/32", "fd00:5::2/128"), PublicKey: key(90)}}
+	peers := []topology.Peer{{Name: "phone", AllowedIPs: pfxs("10.5.0.2/32", "fd00:5::2/128"), PublicKey: key(90)}}
 	for _, self := range []int{1, 0} {
-		pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers, Settings: Settings{Local: true}}, selfOf(nodes[self], "eth0"))
+		pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Peers: peers, Settings: topology.Settings{Local: true}}, selfOf(nodes[self], "eth0"))
 		for _, r := range pl.Routes {
 			if r.Src.IsValid() && r.Src.Is4() != r.Dst.Addr().Is4() || r.Gw.IsValid() && r.Gw.Is4() != r.Dst.Addr().Is4() {
 				t.Errorf("%s: route mixes families: %+v", nodes[self].Name, r)
@@ -619,7 +596,7 @@ func TestOneAddressFamilyPerRoute(t *testing.T) {
 func TestSessionProbeForKgPeers(t *testing.T) {
 	nodes := threeLocations()
 	nodes[3].MeshletVersion = "v1" // b-2 (leader of b) runs meshlet; c-1 runs kg
-	pl := Compute(Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, selfOf(nodes[1], "eth0"))
 	if p := peerByName(t, pl, "b-2"); p.SessionProbe.IsValid() {
 		t.Errorf("meshlet peer b-2 has a session probe %v", p.SessionProbe)
 	}
@@ -630,13 +607,13 @@ func TestSessionProbeForKgPeers(t *testing.T) {
 
 func TestDeterministic(t *testing.T) {
 	nodes := threeLocations()
-	peers := []Peer{{Name: "z", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(90)}, {Name: "y", AllowedIPs: pfxs("10.5.0.8/32"), PublicKey: key(91)}}
-	a := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
-	rev := append([]Node(nil), nodes...)
+	peers := []topology.Peer{{Name: "z", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(90)}, {Name: "y", AllowedIPs: pfxs("10.5.0.8/32"), PublicKey: key(91)}}
+	a := Compute(topology.Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
+	rev := append([]topology.Node(nil), nodes...)
 	for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
 		rev[i], rev[j] = rev[j], rev[i]
 	}
-	b := Compute(Snapshot{Now: now, Nodes: rev, Peers: []Peer{peers[1], peers[0]}}, selfOf(nodes[1], "eth0"))
+	b := Compute(topology.Snapshot{Now: now, Nodes: rev, Peers: []topology.Peer{peers[1], peers[0]}}, selfOf(nodes[1], "eth0"))
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("plan depends on input order")
 	}
@@ -650,17 +627,17 @@ func TestDiscoveredEndpointsPublishedAsKilo(t *testing.T) {
 	nodes := threeLocations()
 	nodes[1].PersistentKeepalive = 25 // this node (a-2) keeps alive: every peer roams
 	nodes[4].PersistentKeepalive = 10 // c-1 keeps alive itself
-	peers := []Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
+	peers := []topology.Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
 	self := selfOf(nodes[1], "eth0")
-	self.Device = devicePeers(map[Key]netip.AddrPort{
+	self.Device = devicePeers(map[topology.Key]netip.AddrPort{
 		key(4):  netip.MustParseAddrPort("198.51.100.2:51820"), // b-2: no keepalive of its own
 		key(5):  netip.MustParseAddrPort("198.51.100.55:40000"),
 		key(90): netip.MustParseAddrPort("198.51.100.90:41000"),
 	})
-	pl := Compute(Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
-	want := FormatDiscoveredEndpoints(map[Key]netip.AddrPort{
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Peers: peers}, self)
+	want := topology.FormatDiscoveredEndpoints(map[topology.Key]netip.AddrPort{
 		key(5): netip.MustParseAddrPort("198.51.100.55:40000"), key(90): netip.MustParseAddrPort("198.51.100.90:41000")})
-	if got := pl.Annotations[AnnotationDiscoveredEndpoints]; got != want {
+	if got := pl.Annotations[topology.AnnotationDiscoveredEndpoints]; got != want {
 		t.Errorf("discovered-endpoints = %s, want %s", got, want)
 	}
 }
@@ -675,10 +652,10 @@ func TestRejectionReporters(t *testing.T) {
 	}
 	nodes[1].MeshletVersion = "" // a-2 runs kg
 	nodes[0].ForceEndpoint = ""
-	snap := Snapshot{Now: now, Nodes: nodes, Rejections: []Rejection{
-		{Object: ObjectRef{Kind: "Node", Name: "a-1"}, Field: "kilo.squat.ai/force-endpoint", Reason: ReasonInvalidEndpoint},
-		{Object: ObjectRef{Kind: "Node", Name: "a-2"}, Field: "kilo.squat.ai/force-endpoint", Reason: ReasonInvalidEndpoint},
-		{Object: ObjectRef{Kind: "Peer", Name: "laptop"}, Reason: ReasonInvalidKey},
+	snap := topology.Snapshot{Now: now, Nodes: nodes, Rejections: []topology.Rejection{
+		{Object: topology.ObjectRef{Kind: "Node", Name: "a-1"}, Field: "kilo.squat.ai/force-endpoint", Reason: topology.ReasonInvalidEndpoint},
+		{Object: topology.ObjectRef{Kind: "Node", Name: "a-2"}, Field: "kilo.squat.ai/force-endpoint", Reason: topology.ReasonInvalidEndpoint},
+		{Object: topology.ObjectRef{Kind: "Peer", Name: "laptop"}, Reason: topology.ReasonInvalidKey},
 	}}
 	self := selfOf(nodes[3], "eth0")
 	self.Version = "v1"
@@ -693,36 +670,41 @@ func TestRejectionReporters(t *testing.T) {
 	}
 }
 
-// TestNotReadyAgreesWithReady: the reasons diagnose prints are exactly the
-// rule the planner applies.
-func TestNotReadyAgreesWithReady(t *testing.T) {
-	now := time.Unix(1_000_000, 0)
-	good := Node{Name: "n", Endpoint: "1.2.3.4:51820", PublicKey: Key{1}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.2.0.0/24")},
-		LastSeen: now.Add(-10 * time.Second)}
-	for _, tc := range []struct {
-		name   string
-		change func(*Node)
-		want   []string
-	}{
-		{"ready", func(*Node) {}, nil},
-		{"no endpoint", func(n *Node) { n.Endpoint = "" }, []string{"no endpoint"}},
-		{"no key", func(n *Node) { n.PublicKey = Key{} }, []string{"no WireGuard public key"}},
-		{"no pod CIDR", func(n *Node) { n.PodCIDRs = nil }, []string{"no pod CIDR"}},
-		{"never seen", func(n *Node) { n.LastSeen = time.Time{} }, []string{"never seen (no last-seen)"}},
-		{"stale", func(n *Node) { n.LastSeen = now.Add(-90 * time.Second) }, []string{"last seen 1m30s ago (Kilo's window is 1m0s)"}},
-		{"at the window", func(n *Node) { n.LastSeen = now.Add(-readyWindow) }, []string{"last seen 1m0s ago (Kilo's window is 1m0s)"}},
-		{"two reasons", func(n *Node) { n.Endpoint, n.PodCIDRs = "", nil }, []string{"no endpoint", "no pod CIDR"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n := good
-			tc.change(&n)
-			got := NotReady(n, now)
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("NotReady = %q, want %q", got, tc.want)
-			}
-			if ready(&n, now) != (len(got) == 0) {
-				t.Errorf("ready = %v but NotReady = %q", ready(&n, now), got)
-			}
-		})
+// TestSelfDecided: what the plan says about this node from what was
+// observed: private IP and interface, endpoint (force-endpoint first), MTU.
+func TestSelfDecided(t *testing.T) {
+	nodes := threeLocations()
+	self := topology.Self{Name: "b-2", PublicKey: key(4), DefaultInterface: "ens3", DefaultMTU: 9000, Addresses: []topology.HostAddress{
+		{Interface: "ens3", Prefix: pfx("10.0.2.2/24")}, {Interface: "ens3", Prefix: pfx("198.51.100.2/32")}}}
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{Port: 51821}}, self)
+	if pl.PrivateIP != pfx("10.0.2.2/24") || pl.PrivateInterface != "ens3" || pl.Endpoint != "198.51.100.2:51821" || pl.WireGuard.MTU != 8920 {
+		t.Errorf("decided %v on %q, endpoint %q, MTU %d", pl.PrivateIP, pl.PrivateInterface, pl.Endpoint, pl.WireGuard.MTU)
 	}
+	if pl.Annotations[topology.AnnotationEndpoint] != "198.51.100.2:51821" || pl.Annotations[topology.AnnotationInternalIP] != "10.0.2.2/24" {
+		t.Errorf("published %v", pl.Annotations)
+	}
+	nodes[3].ForceEndpoint = "b2.example.net:51820"
+	pl = Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{MTU: 1380, PrivateIP: pfx("10.0.2.2/16")}}, self)
+	if pl.Endpoint != "b2.example.net:51820" || pl.PrivateIP != pfx("10.0.2.2/16") || pl.PrivateInterface != "ens3" || pl.WireGuard.MTU != 1380 {
+		t.Errorf("with force-endpoint, --internal-cidr and --mtu: %v on %q, endpoint %q, MTU %d", pl.PrivateIP, pl.PrivateInterface, pl.Endpoint, pl.WireGuard.MTU)
+	}
+}
+
+// endpointIP is an endpoint's IP (zero for a DNS name or none).
+func endpointIP(ep string) netip.Addr {
+	ap, err := netip.ParseAddrPort(ep)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr()
+}
+
+// containedIn reports whether p lies entirely inside one of nets.
+func containedIn(p netip.Prefix, nets []netip.Prefix) bool {
+	for _, n := range nets {
+		if n.Bits() <= p.Bits() && n.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }

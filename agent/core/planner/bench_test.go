@@ -1,15 +1,17 @@
-package topology
+package planner
 
 import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // benchSnapshot: a local cluster of 100 nodes in 5 locations and 10 remote
 // clusters of 1000 nodes each (10 locations per cluster).
-func benchSnapshot() (Snapshot, Self) {
-	snap := Snapshot{Now: now}
+func benchSnapshot() (topology.Snapshot, topology.Self) {
+	snap := topology.Snapshot{Now: now}
 	for i := 0; i < 100; i++ {
 		n := node(1000+i, fmt.Sprintf("local-%03d", i), fmt.Sprintf("loc-%d", i%5),
 			fmt.Sprintf("10.0.%d.%d/16", i/250, i%250+1), fmt.Sprintf("10.0.%d.%d:51820", i/250, i%250+1),
@@ -17,13 +19,13 @@ func benchSnapshot() (Snapshot, Self) {
 		n.PublicKey = benchKey(0, i)
 		snap.Nodes = append(snap.Nodes, n)
 	}
-	mesh := Mesh{Namespace: "kilo-system", Name: "big", Clusters: []MeshCluster{{Name: "local", Local: true, AllowedNetworks: pfxs("10.244.0.0/16")}}}
+	mesh := topology.Mesh{Namespace: "kilo-system", Name: "big", Clusters: []topology.MeshCluster{{Name: "local", Local: true, AllowedNetworks: pfxs("10.244.0.0/16")}}}
 	for c := 1; c <= 10; c++ {
-		rc := RemoteCluster{Name: fmt.Sprintf("remote-%02d", c), Synced: true}
-		mesh.Clusters = append(mesh.Clusters, MeshCluster{Name: rc.Name, WireGuardPort: 51820,
+		rc := topology.RemoteCluster{Name: fmt.Sprintf("remote-%02d", c), Synced: true}
+		mesh.Clusters = append(mesh.Clusters, topology.MeshCluster{Name: rc.Name, WireGuardPort: 51820,
 			AllowedNetworks: pfxs(fmt.Sprintf("10.%d.0.0/16", 100+c), fmt.Sprintf("100.%d.0.0/16", 100+c))})
 		for i := 0; i < 1000; i++ {
-			n := Node{
+			n := topology.Node{
 				Name: fmt.Sprintf("r%02d-%04d", c, i), LocationAnnotation: fmt.Sprintf("site-%d", i%10),
 				PublicKey: benchKey(c, i), LastSeen: now, Endpoint: "192.0.2.1:51820",
 				InternalIP: netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(100 + c), 0, byte(i / 250), byte(i%250 + 1)}), 32),
@@ -37,12 +39,12 @@ func benchSnapshot() (Snapshot, Self) {
 		}
 		snap.Remotes = append(snap.Remotes, rc)
 	}
-	snap.Meshes = []Mesh{mesh}
+	snap.Meshes = []topology.Mesh{mesh}
 	return snap, selfOf(snap.Nodes[0], "eth0")
 }
 
-func benchKey(c, i int) Key {
-	var k Key
+func benchKey(c, i int) topology.Key {
+	var k topology.Key
 	k[0], k[1], k[2] = byte(c), byte(i>>8), byte(i)
 	k[31] = 7
 	return k

@@ -1,0 +1,426 @@
+// Package failover is meshlet's fast failover as pure decisions
+// (docs/failover.md): judging this node's health probes, and deciding its
+// part in its location's Lease. Where every Ready node of a location runs
+// meshlet, the holder of the location's Lease marks itself with Kilo's
+// leader annotation (value topology.LeaderLeaseValue), so Kilo's rule —
+// which kg nodes, kgctl and remote clusters apply to the annotations —
+// elects it everywhere. The planner (agent/core/planner) keeps deciding the
+// leader with Kilo's rule (agent/core/topology); this package only adds
+// who may carry the mark, in which order candidates take a free Lease, and
+// one veto: a node does not lead while another node holds the Lease, or
+// while it steps aside because it is degraded. It reads no clock: every
+// time is an input.
+package failover
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// Timings of the health rule (docs/failover.md#health). They are the
+// planner's, so every agent judges alike.
+const (
+	// ProbeDeadAfter: a probed tunnel that answered nothing for this long
+	// (about three probes) is dead.
+	ProbeDeadAfter = 3 * time.Second
+	// GatewayDeadAfter: an underlay gateway that answered before and then
+	// nothing for this long is unreachable.
+	GatewayDeadAfter = 5 * time.Second
+	// StepAsideAfter: a leader degraded this long without a break gives
+	// leadership up (hysteresis against a flapping link).
+	StepAsideAfter = 2 * time.Second
+	// GatewayRecoverAfter: a gateway must answer this long after an outage
+	// before the node is a candidate again.
+	GatewayRecoverAfter = 30 * time.Second
+	// StepAsideCoolDown: a node that stepped aside for its tunnels is no
+	// candidate for this long (a node that no longer leads cannot probe
+	// its tunnels, so its recovery cannot be seen; leadership flaps at most
+	// this often).
+	StepAsideCoolDown = 5 * time.Minute
+	// RankStagger: a candidate of rank k takes a free Lease only after it
+	// has been free k times this long, so candidates take it in Kilo's
+	// order.
+	RankStagger = time.Second
+	// StartupGrace: while no Lease exists yet, each node ahead in Kilo's
+	// order that has not published its annotations yet delays a candidate
+	// by this much, so a location's first leader is the one Kilo's rule
+	// names when all its agents start together.
+	StartupGrace = 5 * time.Second
+)
+
+// Reasons a node may not lead, or gives leadership up (stable: they are
+// metric labels, Event reasons and meshlet.io/degraded values).
+const (
+	ReasonWireGuardDegraded  = "WireGuardDegraded"
+	ReasonGatewayUnreachable = "GatewayUnreachable"
+	// ReasonNotGoverned: the location is no longer under a Lease (a kg
+	// node or a user's leader annotation arrived, or one node is left).
+	ReasonNotGoverned = "NotGoverned"
+)
+
+// States of a probed tunnel (TunnelState).
+const (
+	TunnelAlive = "alive" // answered within ProbeDeadAfter
+	TunnelDead  = "dead"  // nothing for ProbeDeadAfter
+	TunnelNew   = "new"   // probed for less than that, no answer yet
+)
+
+// lastAnswer is the tunnel's last answer, or when probing began.
+func lastAnswer(t topology.TunnelProbe) time.Time {
+	if t.Answered.After(t.Since) {
+		return t.Answered
+	}
+	return t.Since
+}
+
+// TunnelState is the rule for one probed tunnel at now.
+func TunnelState(t topology.TunnelProbe, now time.Time) string {
+	switch {
+	case !t.Answered.IsZero() && now.Sub(t.Answered) < ProbeDeadAfter:
+		return TunnelAlive
+	case now.Sub(lastAnswer(t)) >= ProbeDeadAfter:
+		return TunnelDead
+	}
+	return TunnelNew
+}
+
+// holderAlive reports whether the Lease's holder renewed it recently enough,
+// as this agent saw.
+func holderAlive(l *topology.LeaseState, now time.Time) bool {
+	return l.Holder != "" && now.Before(l.Fresh.Add(l.Duration))
+}
+
+// LeaseName is the name of a location's Lease: meshlet-leader-<location>
+// when that is a valid object name of at most 63 characters, else a
+// readable prefix and a hash of the location (Kilo allows any string).
+func LeaseName(location string) string {
+	const prefix = "meshlet-leader-"
+	if n := prefix + location; len(n) <= 63 && len(validation.IsDNS1123Label(n)) == 0 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(location))
+	var b strings.Builder
+	for _, r := range strings.ToLower(location) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	s := strings.Trim(b.String(), "-")
+	if len(s) > 30 {
+		s = strings.TrimRight(s[:30], "-")
+	}
+	if s != "" {
+		s += "-"
+	}
+	return prefix + s + hex.EncodeToString(sum[:6])
+}
+
+// Governance says whether the leader of a segment (its Ready nodes) is
+// chosen with a Lease, and why (docs/failover.md#governed): only where
+// every node runs meshlet (kg cannot follow a Lease) and no user set a
+// leader annotation (a user's choice is Kilo's rule's input), in location
+// granularity, with at least two nodes to choose from.
+func Governance(nodes []topology.Node, set topology.Settings) (bool, string) {
+	set = topology.Defaults(set)
+	if set.Granularity != topology.GranularityLocation {
+		return false, "mesh granularity " + string(set.Granularity) + ": every node is its own segment (Kilo's rule)"
+	}
+	var kg, user []string
+	for _, n := range nodes {
+		if n.MeshletVersion == "" {
+			kg = append(kg, n.Name)
+		}
+		if n.Leader && !n.LeaderMark {
+			user = append(user, n.Name)
+		}
+	}
+	switch {
+	case len(kg) > 0:
+		return false, "kg runs on " + strings.Join(kg, ", ") + " and cannot follow a Lease: Kilo's rule (failover when last-seen ages out, 60 s)"
+	case len(user) > 0:
+		return false, "leader annotation set by hand on " + strings.Join(user, ", ") + ": Kilo's rule"
+	case len(nodes) < 2:
+		return false, "one node: nothing to fail over to"
+	}
+	return true, "every node runs meshlet: the holder of the Lease leads"
+}
+
+// Judgement is this node's judgement of its own probes.
+type Judgement struct {
+	// Tunnels: topology.TunnelsUp, TunnelsDown or "" (nothing judged).
+	Tunnels string
+	// WireGuardDegraded: every tunnel is dead while one of its peers
+	// reaches others; since WireGuardOnset.
+	WireGuardDegraded bool
+	WireGuardOnset    time.Time
+	// GatewayDown since GatewayOnset; GatewayRecovering: it answers
+	// again, not long enough yet.
+	GatewayDown       bool
+	GatewayOnset      time.Time
+	GatewayRecovering bool
+}
+
+// Judge applies the rule of docs/failover.md#health to what the probes
+// observed (nil: not probed). tunnelsOf is what the node of a public key
+// publishes of its own tunnels (meshlet.io/tunnels): a peer that still
+// reaches others tells a cut-off node from a broken mesh.
+func Judge(hp *topology.Health, now time.Time, tunnelsOf func(topology.Key) string) Judgement {
+	var h Judgement
+	if hp == nil {
+		return h
+	}
+	alive, dead := 0, 0
+	var last time.Time
+	reachesOthers := false
+	for _, t := range hp.Peers {
+		switch TunnelState(t, now) {
+		case TunnelAlive:
+			alive++
+		case TunnelDead:
+			dead++
+			if tunnelsOf(t.PublicKey) == topology.TunnelsUp {
+				reachesOthers = true
+			}
+		}
+		if ref := lastAnswer(t); ref.After(last) {
+			last = ref
+		}
+	}
+	switch {
+	case alive > 0:
+		h.Tunnels = topology.TunnelsUp
+	case dead > 0 && dead == len(hp.Peers):
+		h.Tunnels = topology.TunnelsDown
+		h.WireGuardDegraded = reachesOthers
+		h.WireGuardOnset = last.Add(ProbeDeadAfter)
+	}
+	g := hp.Gateway
+	if g.Addr.IsValid() && !g.Answered.IsZero() {
+		if now.Sub(g.Answered) >= GatewayDeadAfter {
+			h.GatewayDown, h.GatewayOnset = true, g.Answered.Add(GatewayDeadAfter)
+		} else if !g.Recovered.IsZero() && now.Sub(g.Recovered) < GatewayRecoverAfter {
+			h.GatewayRecovering = true
+		}
+	}
+	return h
+}
+
+// Input is what Decide reads: the Lease as this agent sees it, this node
+// and its segment as Kilo's rule built them (agent/core/topology), its
+// health.
+type Input struct {
+	Lease    *topology.LeaseState
+	Now      time.Time
+	Settings topology.Settings
+	// Self is this node's name, SelfNode its overlaid node (nil: it is not
+	// Ready in Kilo's sense) and Segment its segment; Endpoint what it
+	// advertises.
+	Self     string
+	SelfNode *topology.Node
+	Segment  *topology.Segment
+	Endpoint string
+	// Nodes are every node of the local cluster as published (those not
+	// Ready yet delay a first election: StartupGrace).
+	Nodes     []topology.Node
+	Judgement Judgement
+}
+
+// Decision is this node's part in its location's Lease (nil without Lease
+// information: Kilo's rule alone) and whether it must not lead although
+// Kilo's rule names it (Veto: another node holds the Lease, or it steps
+// aside).
+type Decision struct {
+	Leadership *topology.Leadership
+	Veto       bool
+}
+
+// Decide decides this node's part in its location's Lease.
+func Decide(in Input) Decision {
+	lease := in.Lease
+	if lease == nil {
+		return Decision{}
+	}
+	now, h := in.Now, in.Judgement
+	l := &topology.Leadership{Holder: lease.Holder}
+	d := Decision{Leadership: l}
+	seg := in.Segment
+	if seg == nil || in.SelfNode == nil {
+		// Not in the mesh (not Ready in Kilo's sense): it may still hold
+		// the Lease or a mark from before.
+		l.Why = "this node is not Ready in Kilo's sense"
+		if lease.Holder == in.Self {
+			l.Release = ReasonNotGoverned
+		}
+		return d
+	}
+	set := topology.Defaults(in.Settings)
+	l.Location = topology.NodeLocation(*in.SelfNode, set)
+	l.Lease = LeaseName(l.Location)
+	if seg.Key != topology.LocationSegment(l.Location) {
+		l.Lease = ""
+	}
+	if lease.Name != l.Lease {
+		// The agent watches another Lease (this node's location just
+		// changed): nothing is known of this one yet.
+		lease = &topology.LeaseState{Name: l.Lease, Exists: true}
+	}
+	nodes := make([]topology.Node, len(seg.Nodes))
+	for i, n := range seg.Nodes {
+		nodes[i] = *n
+	}
+	l.Governed, l.Why = Governance(nodes, set)
+	if l.Lease == "" && l.Governed {
+		l.Governed, l.Why = false, "no private IP: the node is its own segment"
+	}
+	cooling := func(name string) bool {
+		sa, ok := lease.StepAsides[name]
+		return ok && now.Before(sa.At.Add(StepAsideCoolDown))
+	}
+	// This node's own health.
+	switch {
+	case h.GatewayDown || h.GatewayRecovering:
+		l.Degraded = ReasonGatewayUnreachable
+	case h.WireGuardDegraded || cooling(in.Self):
+		l.Degraded = ReasonWireGuardDegraded
+	}
+	if !l.Governed {
+		if lease.Holder == in.Self {
+			l.Release = ReasonNotGoverned
+		}
+		// Kilo's rule alone: meshlet's mark goes, unless only this node is
+		// left (it leads anyway, and keeps leading when others come back).
+		if in.SelfNode.LeaderMark && len(seg.Nodes) > 1 {
+			l.Unmark = []string{in.Self}
+		}
+		return d
+	}
+	alive := holderAlive(lease, now)
+	// A leader gives leadership up once degraded for StepAsideAfter; a
+	// node that did is no candidate while it cools down, nor one whose
+	// gateway is down or not answering long enough again.
+	failing := h.GatewayDown && !now.Before(h.GatewayOnset.Add(StepAsideAfter)) ||
+		h.WireGuardDegraded && !now.Before(h.WireGuardOnset.Add(StepAsideAfter))
+	unfit := failing || cooling(in.Self)
+	fit := !unfit && !h.GatewayDown && !h.GatewayRecovering
+	var others []*topology.Node
+	for _, n := range topology.KiloOrder(seg.Nodes) {
+		switch {
+		case n.Name == in.Self:
+			if fit {
+				l.Candidates = append(l.Candidates, n.Name)
+			}
+		case n.Degraded != "", cooling(n.Name), n.Name == lease.Holder && !alive:
+			// Degraded, cooling down, or a holder that stopped renewing
+			// (presumed dead): not a candidate.
+		default:
+			l.Candidates = append(l.Candidates, n.Name)
+			others = append(others, n)
+		}
+	}
+	// A node that is not fit still competes when nobody else can lead.
+	l.Candidate = fit || len(others) == 0
+	otherHolds := alive && lease.Holder != in.Self
+	kiloSelf := seg.LeaderNode().Name == in.Self
+	giveUp := unfit && len(others) > 0
+	if giveUp && !otherHolds && (kiloSelf || lease.Holder == in.Self) {
+		l.StepAside = ReasonWireGuardDegraded
+		if h.GatewayDown {
+			l.StepAside = ReasonGatewayUnreachable
+		}
+	}
+	if lease.Holder == in.Self {
+		switch {
+		case giveUp:
+			l.Release = l.StepAside
+			if l.Release == "" {
+				l.Release = ReasonWireGuardDegraded
+			}
+		default:
+			l.Hold = true
+			l.Claim = true
+		}
+	}
+	if l.Claim {
+		for _, n := range seg.Nodes {
+			if n.LeaderMark && n.Name != in.Self {
+				l.Unmark = append(l.Unmark, n.Name)
+			}
+		}
+	}
+	if l.Candidate {
+		l.Wait = candidateWait(in, l.Candidates)
+	}
+	d.Veto = (otherHolds || giveUp) && kiloSelf
+	return d
+}
+
+// candidateWait is how long a free Lease must have been free before this
+// node takes it: RankStagger per candidate ahead of it in Kilo's order —
+// not counting the holder, for a Lease is only taken once its holder gave
+// it up or stopped renewing — and while no Lease exists, StartupGrace per
+// node ahead of it that has not published its annotations yet (its agent
+// is starting).
+func candidateWait(in Input, candidates []string) time.Duration {
+	rank := 0
+	for _, c := range candidates {
+		if c == in.Self {
+			break
+		}
+		if c != in.Lease.Holder {
+			rank++
+		}
+	}
+	wait := time.Duration(rank) * RankStagger
+	if in.Lease.Exists || topology.IsPublicEndpoint(in.Endpoint) {
+		return wait
+	}
+	set := topology.Defaults(in.Settings)
+	loc := topology.NodeLocation(*in.SelfNode, set)
+	for i := range in.Nodes {
+		n := in.Nodes[i]
+		if n.Name < in.Self && n.LastSeen.IsZero() && topology.NodeLocation(n, set) == loc && !slices.Contains(candidates, n.Name) {
+			wait += StartupGrace
+		}
+	}
+	return wait
+}
+
+// Publish is what this node publishes of its health and lists for its
+// probes to watch (Settings.HealthProbes): meshlet.io/tunnels (a leader's
+// judgement of its tunnels), meshlet.io/degraded (its own fitness), and the
+// probes: from its WireGuard IP through the tunnels to targets when it
+// leads, to its underlay gateway when its location is governed.
+func Publish(h Judgement, l *topology.Leadership, leader bool, wireGuardIP, gateway netip.Addr, targets []topology.ProbeTarget) (map[string]string, *topology.Probes) {
+	ann := map[string]string{}
+	tunnels := ""
+	if leader {
+		tunnels = h.Tunnels
+	}
+	ann[topology.AnnotationTunnels] = tunnels
+	pr := &topology.Probes{}
+	if leader {
+		pr.Source = wireGuardIP
+		pr.Peers = targets
+	}
+	if l != nil {
+		ann[topology.AnnotationDegraded] = l.Degraded
+		if l.Governed {
+			pr.Gateway = gateway
+		}
+	}
+	if pr.Source.IsValid() || pr.Gateway.IsValid() {
+		return ann, pr
+	}
+	return ann, nil
+}

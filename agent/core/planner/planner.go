@@ -1,0 +1,79 @@
+// Package planner is meshlet's planner: a pure function from a snapshot of
+// the clusters (nodes, Kilo peers, ClusterMesh entries, the location's
+// Lease) and what the agent observed on its node to that node's desired
+// network state. It performs no I/O and reads no clock (time comes in the
+// snapshot), and is a pipeline of stages whose hand-offs are their
+// signatures: Kilo's rules (agent/core/topology) decide the topology, the
+// device and the routes; failover (agent/core/failover) decides the
+// node's part in its location's Lease between the two. Kilo's own code has
+// the same shape: NewTopology, then Conf and Routes from it.
+package planner
+
+import (
+	"net/netip"
+
+	"github.com/meshlet/meshlet/agent/core/failover"
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// Compute returns the desired network state of node self.Name. It is
+// deterministic: the same input gives the same output, in the same order.
+func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
+	set := topology.Defaults(snap.Settings)
+	// This node's own facts, then Kilo's topology with them.
+	host := topology.DecideHost(self, set, topology.ForceEndpoint(snap.Nodes, self.Name))
+	local := topology.Segments(snap, set, self, host)
+	// The Lease: this node's part, and whether it must not lead.
+	judged := failover.Judge(self.Health, snap.Now, topology.PublishedTunnels(snap))
+	decision := failover.Decide(failover.Input{Lease: snap.Lease, Now: snap.Now, Settings: set, Self: self.Name,
+		SelfNode: local.Self, Segment: local.SelfSegment, Endpoint: host.Endpoint, Nodes: snap.Nodes, Judgement: judged})
+	if decision.Veto {
+		local = local.WithoutLeader(self.Name)
+	}
+	pl := topology.Plan{
+		Node: self.Name, Cluster: set.ClusterName,
+		PrivateIP: host.Private.Prefix, PrivateInterface: host.Private.Interface, Endpoint: host.Endpoint,
+		WireGuard:  topology.Device{Interface: set.Interface, ListenPort: set.Port, MTU: host.MTU},
+		Leadership: decision.Leadership, Segments: local.Infos(set),
+	}
+	rejections := append(append([]topology.Rejection(nil), snap.Rejections...), local.Rejections...)
+	var targets []topology.ProbeTarget
+	if seg := local.SelfSegment; seg != nil {
+		pl.Leader = seg.LeaderNode().Name == self.Name
+		pl.Segment = seg.Key
+		pl.Location = topology.NodeLocation(*local.Self, set)
+		if pl.Leader {
+			pl.WireGuardIP = netip.PrefixFrom(seg.WireGuardIP, set.Subnet.Bits())
+			pl.WireGuard.Up = true
+			pl.WireGuard.Addresses = []netip.Prefix{pl.WireGuardIP}
+		}
+		discovered := topology.Discovered(self, local)
+		peers, rejs := topology.ValidatePeers(snap.Peers, local, self.Name, self.PublicKey)
+		rejections = append(rejections, rejs...)
+		owned := topology.LocalPrefixes(local, peers, set)
+		remotes, rejs := topology.ResolveRemotes(snap.Meshes, set, owned)
+		rejections = append(rejections, rejs...)
+		dev := topology.DevicePeers(topology.DeviceInput{Settings: set, Self: self, Local: local, Leader: pl.Leader, Peers: peers,
+			Discovered: discovered, Remotes: remotes, States: snap.Remotes, Owned: owned, Now: snap.Now})
+		pl.WireGuard.Peers, pl.Remotes, targets = dev.Peers, dev.Remotes, dev.Probes
+		rejections = append(rejections, dev.Rejections...)
+		routes := topology.Routes(topology.RouteInput{Settings: set, Self: self, Host: host, Local: local, Leader: pl.Leader,
+			Peers: peers, Remotes: remotes, Discovered: discovered})
+		pl.Routes, pl.Rules, pl.Tunnel = routes.Routes, routes.Rules, routes.Tunnel
+		rejections = append(rejections, routes.Rejections...)
+		pl.NAT = topology.NATFor(local, peers, remotes, set)
+	}
+	// What this node publishes: Kilo's annotations, its health, the
+	// endpoints it learned.
+	pl.Annotations = topology.Annotations(self, host, set, snap.Now, pl.WireGuardIP, pl.Leader)
+	if set.HealthProbes {
+		ann, probes := failover.Publish(judged, pl.Leadership, pl.Leader, pl.WireGuardIP.Addr(), self.DefaultGateway, targets)
+		for k, v := range ann {
+			pl.Annotations[k] = v
+		}
+		pl.Probes = probes
+	}
+	pl.Annotations[topology.AnnotationDiscoveredEndpoints] = topology.FormatDiscoveredEndpoints(topology.DiscoveredToPublish(self, local, pl.WireGuard.Peers))
+	pl.Rejections = rejections
+	return topology.Normalize(pl, local, set, self.Name)
+}

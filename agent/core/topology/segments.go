@@ -1,0 +1,475 @@
+package topology
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Kilo's topology of the local cluster (pkg/mesh NewTopology): Ready nodes
+// grouped into segments, each with a leader and a WireGuard IP.
+
+// Kilo's constants that other nodes rely on.
+const (
+	// KiloTable is the routing table for return traffic through the tunnel.
+	KiloTable = 1107
+	// ReadyWindow: a node whose last-seen is older than this is not Ready
+	// (Kilo: twice the 30 s check-in period).
+	ReadyWindow = 60 * time.Second
+
+	locationPrefix = "location:"
+	nodePrefix     = "node:"
+)
+
+// LocationSegment is the key of the segment of a location.
+func LocationSegment(location string) string { return locationPrefix + location }
+
+// Segment is one unit of the local topology that shares a WireGuard IP.
+type Segment struct {
+	Key string // "location:<name>" or "node:<name>"
+	// Location is the node location the segment belongs to; in cross
+	// granularity segments of one location reach each other without WireGuard.
+	Location string
+	Nodes    []*Node // sorted by name
+	// Leader is the index in Nodes of the leader.
+	Leader      int
+	WireGuardIP netip.Addr // invalid when the subnet has no address left
+	// AllowedLocationIPs after Kilo's overlap filter.
+	AllowedLocationIPs []netip.Prefix
+}
+
+// LeaderNode is the segment's leader.
+func (s *Segment) LeaderNode() *Node { return s.Nodes[s.Leader] }
+
+// AllowedIPs is what a WireGuard peer for this segment carries: every
+// node's pod CIDRs and internal IP, the segment's WireGuard IP and its
+// allowed-location-ips.
+func (s *Segment) AllowedIPs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range s.Nodes {
+		out = append(out, n.PodCIDRs...)
+		if n.InternalIP.IsValid() {
+			out = append(out, host(n.InternalIP.Addr()))
+		}
+	}
+	if s.WireGuardIP.IsValid() {
+		out = append(out, host(s.WireGuardIP))
+	}
+	return append(out, s.AllowedLocationIPs...)
+}
+
+// Local is the local cluster's topology as one node sees it.
+type Local struct {
+	Segments []*Segment // sorted by key
+	// Self is this node with its live facts (nil: not Ready in Kilo's
+	// sense), SelfSegment its segment.
+	Self        *Node
+	SelfSegment *Segment
+	Rejections  []Rejection
+}
+
+// Defaults fills in the settings' defaults (Kilo's).
+func Defaults(s Settings) Settings {
+	if s.Interface == "" {
+		s.Interface = "kilo0"
+	}
+	if s.Granularity == "" {
+		s.Granularity = GranularityLocation
+	}
+	if !s.Subnet.IsValid() {
+		s.Subnet = netip.MustParsePrefix("10.4.0.0/16")
+	}
+	if s.Port == 0 {
+		s.Port = 51820
+	}
+	if s.Encapsulate == "" {
+		s.Encapsulate = EncapsulateAlways
+	}
+	if s.TopologyLabel == "" {
+		s.TopologyLabel = "topology.kubernetes.io/region"
+	}
+	return s
+}
+
+// location is the node's location name: the annotation, else the topology
+// label.
+func (n *Node) location(set Settings) string {
+	if n.LocationAnnotation != "" {
+		return n.LocationAnnotation
+	}
+	return n.Labels[set.TopologyLabel]
+}
+
+// NodeLocation is a node's location: its location annotation, else its
+// topology label (Kilo's rule).
+func NodeLocation(n Node, set Settings) string { return n.location(Defaults(set)) }
+
+// ready is Kilo's readiness rule: endpoint, key, pod CIDR and a fresh
+// last-seen.
+func ready(n *Node, now time.Time) bool {
+	return n.Endpoint != "" && !n.PublicKey.IsZero() && len(n.PodCIDRs) > 0 &&
+		!n.LastSeen.IsZero() && now.Sub(n.LastSeen) < ReadyWindow
+}
+
+// NotReady says why a node fails Kilo's readiness rule (ready), in the
+// rule's order; nil when it is Ready (`meshlet diagnose`).
+func NotReady(n Node, now time.Time) []string {
+	var why []string
+	if n.Endpoint == "" {
+		why = append(why, "no endpoint")
+	}
+	if n.PublicKey.IsZero() {
+		why = append(why, "no WireGuard public key")
+	}
+	if len(n.PodCIDRs) == 0 {
+		why = append(why, "no pod CIDR")
+	}
+	switch {
+	case n.LastSeen.IsZero():
+		why = append(why, "never seen (no last-seen)")
+	case now.Sub(n.LastSeen) >= ReadyWindow:
+		why = append(why, fmt.Sprintf("last seen %s ago (Kilo's window is %s)", now.Sub(n.LastSeen).Round(time.Second), ReadyWindow))
+	}
+	return why
+}
+
+func segmentKey(n *Node, set Settings) string {
+	switch set.Granularity {
+	case GranularityFull, GranularityCross:
+		return nodePrefix + n.Name
+	default:
+		if !n.InternalIP.IsValid() {
+			return nodePrefix + n.Name
+		}
+		return locationPrefix + n.location(set)
+	}
+}
+
+// ForceEndpoint is the force-endpoint annotation of node name as
+// published ("" when none).
+func ForceEndpoint(nodes []Node, name string) string {
+	force := ""
+	for i := range nodes {
+		if nodes[i].Name == name {
+			force = nodes[i].ForceEndpoint
+		}
+	}
+	return force
+}
+
+// overlaySelf replaces the published facts of this node by the live ones,
+// so the plan is right before the annotations have round-tripped through
+// the API server.
+func overlaySelf(n Node, self Self, h Host, now time.Time) Node {
+	if !self.PublicKey.IsZero() {
+		n.PublicKey = self.PublicKey
+	}
+	if h.Endpoint != "" {
+		n.Endpoint = h.Endpoint
+	}
+	if h.Private.Prefix.IsValid() {
+		n.InternalIP = h.Private.Prefix
+	}
+	if self.CiliumHostIP.IsValid() {
+		n.CNICompatibilityIP = self.CiliumHostIP
+	}
+	n.MeshletVersion = self.Version
+	n.LastSeen = now
+	return n
+}
+
+// Segments is Kilo's topology: the Ready nodes (this one with its live
+// facts) grouped into segments sorted by key, each led by the node Kilo's
+// rule elects, numbered from the subnet in that order; allowed-location-ips
+// filtered as Kilo does (FilterAllowedLocationIPs).
+func Segments(snap Snapshot, set Settings, self Self, h Host) Local {
+	var l Local
+	bySeg := map[string]*Segment{}
+	for i := range snap.Nodes {
+		n := snap.Nodes[i]
+		if n.Name == self.Name {
+			n = overlaySelf(n, self, h, snap.Now)
+		}
+		if !ready(&n, snap.Now) {
+			continue
+		}
+		np := &n
+		if n.Name == self.Name {
+			l.Self = np
+		}
+		k := segmentKey(np, set)
+		s := bySeg[k]
+		if s == nil {
+			s = &Segment{Key: k, Location: np.location(set)}
+			bySeg[k] = s
+			l.Segments = append(l.Segments, s)
+		}
+		s.Nodes = append(s.Nodes, np)
+	}
+	sort.Slice(l.Segments, func(i, j int) bool { return l.Segments[i].Key < l.Segments[j].Key })
+	base := set.Subnet.Masked().Addr()
+	for i, s := range l.Segments {
+		sort.Slice(s.Nodes, func(a, b int) bool { return s.Nodes[a].Name < s.Nodes[b].Name })
+		s.Leader = findLeader(s.Nodes)
+		ip := addrAdd(base, uint64(i)+1)
+		if ip.IsValid() && set.Subnet.Contains(ip) {
+			s.WireGuardIP = ip
+		} else {
+			l.Rejections = append(l.Rejections, Rejection{Object: ObjectRef{Kind: "Node", Name: s.LeaderNode().Name}, Field: "wireguard-ip",
+				Reason: ReasonInvalidCIDR, Message: "mesh subnet " + set.Subnet.String() + " has no address left for segment " + s.Key})
+		}
+		if l.Self != nil && slices.Contains(s.Nodes, l.Self) {
+			l.SelfSegment = s
+		}
+	}
+	l.Rejections = append(l.Rejections, filterAllowedLocationIPs(l.Segments, snap.Peers, snap.Meshes, set)...)
+	return l
+}
+
+// Infos describes the segments for the plan.
+func (l Local) Infos(set Settings) []SegmentInfo {
+	var out []SegmentInfo
+	for _, s := range l.Segments {
+		loc := s.Location
+		if s.Key != locationPrefix+loc && set.Granularity == GranularityLocation {
+			// A node without internal IP is its own segment and location.
+			loc = s.Key
+		}
+		out = append(out, SegmentInfo{
+			Name: s.Key, Location: loc, Leader: s.LeaderNode().Name, Nodes: nodeNames(s.Nodes),
+			WireGuardIP: prefixOrZero(s.WireGuardIP, set.Subnet.Bits()),
+		})
+	}
+	return out
+}
+
+// WithoutLeader is the topology where node name, which Kilo's rule elects
+// in its segment, does not lead it (failover's veto): the next node in
+// Kilo's order leads, and name routes through it.
+func (l Local) WithoutLeader(name string) Local {
+	seg := l.SelfSegment
+	if seg == nil || len(seg.Nodes) < 2 {
+		return l
+	}
+	rest := make([]*Node, 0, len(seg.Nodes)-1)
+	for _, n := range seg.Nodes {
+		if n.Name != name {
+			rest = append(rest, n)
+		}
+	}
+	next := rest[findLeader(rest)]
+	vetoed := *seg
+	vetoed.Leader = slices.Index(seg.Nodes, next)
+	out := l
+	out.Segments = slices.Clone(l.Segments)
+	out.Segments[slices.Index(l.Segments, seg)] = &vetoed
+	out.SelfSegment = &vetoed
+	return out
+}
+
+func nodeNames(ns []*Node) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = n.Name
+	}
+	return out
+}
+
+func prefixOrZero(a netip.Addr, bits int) netip.Prefix {
+	if !a.IsValid() {
+		return netip.Prefix{}
+	}
+	return netip.PrefixFrom(a, bits)
+}
+
+// findLeader is Kilo's rule, over nodes sorted by name: the first node with
+// the leader annotation and a public endpoint, else the first with the
+// annotation, else the first with a public endpoint, else the first.
+func findLeader(nodes []*Node) int {
+	leaders, public := -1, -1
+	for i, n := range nodes {
+		pub := isPublic(endpointAddr(n.Endpoint))
+		if n.Leader {
+			if pub {
+				return i
+			}
+			if leaders < 0 {
+				leaders = i
+			}
+		}
+		if pub && public < 0 {
+			public = i
+		}
+	}
+	switch {
+	case leaders >= 0:
+		return leaders
+	case public >= 0:
+		return public
+	}
+	return 0
+}
+
+// KiloOrder sorts nodes as Kilo's rule prefers them (findLeader): the
+// leader annotation with a public endpoint, the annotation, a public
+// endpoint, then by name.
+func KiloOrder(nodes []*Node) []*Node {
+	out := slices.Clone(nodes)
+	rank := func(n *Node) int {
+		pub := isPublic(endpointAddr(n.Endpoint))
+		switch {
+		case n.Leader && pub:
+			return 0
+		case n.Leader:
+			return 1
+		case pub:
+			return 2
+		}
+		return 3
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		ri, rj := rank(out[i]), rank(out[j])
+		if ri != rj {
+			return ri < rj
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// IsPublicEndpoint reports whether an endpoint's host is a public IP in
+// Kilo's sense (a DNS name is not).
+func IsPublicEndpoint(ep string) bool { return isPublic(endpointAddr(ep)) }
+
+// isPublic mirrors Kilo: any IPv4 outside RFC 1918 and any IPv6 outside
+// fd00::/8 is public; an unknown (DNS) endpoint is not.
+func isPublic(a netip.Addr) bool {
+	if !a.IsValid() {
+		return false
+	}
+	if a.Is4() || a.Is4In6() {
+		b := a.Unmap().As4()
+		switch {
+		case b[0] == 10, b[0] == 172 && b[1]&0xf0 == 16, b[0] == 192 && b[1] == 168:
+			return false
+		}
+		return true
+	}
+	b := a.As16()
+	return b[0] != 0xfd || b[1] != 0x00
+}
+
+// filterAllowedLocationIPs applies Kilo's rule to allowed-location-ips and
+// sets each segment's: an entry is dropped when it overlaps another
+// segment's entry, when a pod CIDR, private IP or WireGuard IP of any
+// segment contains its address, or when it overlaps a Peer's allowed IPs.
+// An entry that contains pod CIDRs or private IPs is fine (the more
+// specific routes still win): a location's own LAN, the usual case. meshlet
+// reports each drop, and also drops entries that overlap a remote
+// cluster's networks (docs/kilo-compatibility.md).
+func filterAllowedLocationIPs(segs []*Segment, peers []Peer, meshes []Mesh, set Settings) []Rejection {
+	raw := make([][]netip.Prefix, len(segs))
+	for i, s := range segs {
+		seen := map[netip.Prefix]bool{}
+		for _, n := range s.Nodes {
+			for _, a := range n.AllowedLocationIPs {
+				if !seen[a] {
+					seen[a] = true
+					raw[i] = append(raw[i], a)
+				}
+			}
+		}
+		sortPrefixes(raw[i])
+	}
+	var rejs []Rejection
+	for i, s := range segs {
+		for _, ip := range raw[i] {
+			if why := allowedLocationIPConflict(segs, i, ip, raw, peers, meshes, set); why != "" {
+				rejs = append(rejs, rejectALIP(s, ip, why))
+				continue
+			}
+			s.AllowedLocationIPs = append(s.AllowedLocationIPs, ip)
+		}
+	}
+	return rejs
+}
+
+// allowedLocationIPConflict says why allowed-location-ip ip of segment i
+// cannot be routed to that segment, or "" when it can.
+func allowedLocationIPConflict(segs []*Segment, i int, ip netip.Prefix, raw [][]netip.Prefix, peers []Peer, meshes []Mesh, set Settings) string {
+	a := ip.Addr()
+	for j, o := range segs {
+		if j != i {
+			for _, q := range raw[j] {
+				if ip.Overlaps(q) {
+					return "overlaps allowed-location-ips of segment " + o.Key
+				}
+			}
+		}
+		for _, n := range o.Nodes {
+			for _, c := range n.PodCIDRs {
+				if c.Contains(a) {
+					return "is inside the pod CIDR " + c.String() + " of node " + n.Name
+				}
+			}
+			if n.InternalIP.IsValid() && n.InternalIP.Addr() == a {
+				return "is the private IP of node " + n.Name
+			}
+		}
+		if o.WireGuardIP.IsValid() && o.WireGuardIP == a {
+			return "is the WireGuard IP of segment " + o.Key
+		}
+	}
+	for _, peer := range peers {
+		for _, pa := range peer.AllowedIPs {
+			if ip.Overlaps(pa) {
+				return "overlaps allowed IPs of peer " + peer.Name
+			}
+		}
+	}
+	// A network another cluster of a mesh owns: accepting it as local would
+	// make every local prefix check reject that whole remote cluster (one
+	// node annotation cutting the mesh), so the annotation loses, not the
+	// mesh.
+	if c, n, ok := remoteNetworkOverlapping(ip, meshes, set); ok {
+		return "overlaps " + n.String() + " of remote cluster " + c
+	}
+	return ""
+}
+
+// remoteNetworkOverlapping finds a remote cluster's allowedNetworks entry
+// (from the meshes this cluster belongs to) overlapping ip.
+func remoteNetworkOverlapping(ip netip.Prefix, meshes []Mesh, set Settings) (string, netip.Prefix, bool) {
+	for mi := range meshes {
+		m := &meshes[mi]
+		local, ok := localEntry(m, set.ClusterName)
+		if !ok {
+			continue
+		}
+		for _, e := range m.Clusters {
+			if e.Name == local.Name {
+				continue
+			}
+			for _, n := range e.AllowedNetworks {
+				if n.Bits() > 0 && ip.Overlaps(n.Masked()) {
+					return e.Name, n.Masked(), true
+				}
+			}
+		}
+	}
+	return "", netip.Prefix{}, false
+}
+
+func rejectALIP(s *Segment, ip netip.Prefix, why string) Rejection {
+	owner := s.LeaderNode().Name
+	for _, n := range s.Nodes {
+		for _, a := range n.AllowedLocationIPs {
+			if a == ip {
+				owner = n.Name
+			}
+		}
+	}
+	return Rejection{Object: ObjectRef{Kind: "Node", Name: owner}, Field: "allowed-location-ips", Reason: ReasonNetworksOverlap, Message: ip.String() + " " + why}
+}
