@@ -143,12 +143,15 @@ func TestDiffRules(t *testing.T) {
 
 func TestDesiredChains(t *testing.T) {
 	fw := Firewall{NAT: NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Destinations: pfx("192.168.100.0/24"),
-		Exceptions: pfx("10.0.0.0/8", "10.4.0.0/16", "fd00::/8")}}
+		Exceptions: pfx("10.0.0.0/8", "10.4.0.0/16", "fd00::/8")}, Forward: pfx("10.2.0.0/24")}
 	v4 := desiredChains(fw, ipv4)
 	want4 := []chainSpec{
 		{table: "nat", chain: ChainNAT, parent: "POSTROUTING",
 			rules: []string{"-d 10.0.0.0/8 -j RETURN", "-d 10.4.0.0/16 -j RETURN", "-j MASQUERADE"},
 			jumps: []string{"-s 10.2.0.0/24 -j MESHLET-NAT", "-d 192.168.100.0/24 -j MESHLET-NAT"}},
+		{table: "filter", chain: ChainForward, parent: "FORWARD", first: true,
+			rules: []string{"-s 10.2.0.0/24 -j ACCEPT", "-d 10.2.0.0/24 -j ACCEPT"},
+			jumps: []string{"-j MESHLET-FORWARD"}},
 	}
 	if !reflect.DeepEqual(v4, want4) {
 		t.Errorf("IPv4:\n got %+v\nwant %+v", v4, want4)
@@ -156,6 +159,9 @@ func TestDesiredChains(t *testing.T) {
 	v6 := desiredChains(fw, ipv6)
 	if !reflect.DeepEqual(v6[0].rules, []string{"-d fd00::/8 -j RETURN", "-j MASQUERADE"}) || !reflect.DeepEqual(v6[0].jumps, []string{"-s fd00:2::/64 -j MESHLET-NAT"}) {
 		t.Errorf("IPv6: %+v", v6)
+	}
+	if len(v6[1].rules) != 0 || len(v6[1].jumps) != 0 {
+		t.Errorf("IPv6 forward (no IPv6 prefix): %+v", v6[1])
 	}
 	// No sources: no chain, no jumps, even with exceptions.
 	none := desiredChains(Firewall{NAT: NAT{Exceptions: pfx("10.0.0.0/8")}}, ipv4)

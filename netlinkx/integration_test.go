@@ -108,7 +108,8 @@ func leaderSpec() Spec {
 			{Iif: "kilo0", Table: 1107},
 		},
 		Firewall: Firewall{
-			NAT: NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Destinations: pfx("192.168.100.0/24"), Exceptions: pfx("10.0.0.0/8", "fd00::/8")},
+			NAT:     NAT{Sources: pfx("10.2.0.0/24", "fd00:2::/64"), Destinations: pfx("192.168.100.0/24"), Exceptions: pfx("10.0.0.0/8", "fd00::/8")},
+			Forward: pfx("10.2.0.0/24"),
 		},
 	}
 }
@@ -128,6 +129,7 @@ func TestHostApplyAndCleanup(t *testing.T) {
 	ns.ip(t, "rule", "add", "from", "10.7.0.0/24", "table", "1107", "protocol", "109")
 	ns.ip(t, "rule", "add", "from", "10.6.0.0/24", "table", "100")
 	ns.exec(t, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "172.17.0.0/16", "-j", "MASQUERADE")
+	ns.exec(t, "iptables", "-A", "FORWARD", "-j", "DROP") // a host that drops what it does not know
 
 	rep, err := ns.host.Apply(ctx, leaderSpec())
 	if err != nil {
@@ -186,6 +188,13 @@ func TestHostApplyAndCleanup(t *testing.T) {
 		if !strings.Contains(nat4, want) {
 			t.Errorf("missing %q in IPv4 nat:\n%s", want, nat4)
 		}
+	}
+	// The FORWARD accept chain goes first, ahead of a host's DROP rule.
+	if fwd := ns.exec(t, "iptables", "-S", "FORWARD"); !strings.Contains(fwd, "-A FORWARD -j MESHLET-FORWARD\n-A FORWARD -j DROP") {
+		t.Errorf("FORWARD:\n%s", fwd)
+	}
+	if fwd := ns.exec(t, "iptables", "-S", ChainForward); !strings.Contains(fwd, "-A MESHLET-FORWARD -s 10.2.0.0/24 -j ACCEPT\n-A MESHLET-FORWARD -d 10.2.0.0/24 -j ACCEPT") {
+		t.Errorf("%s:\n%s", ChainForward, fwd)
 	}
 	if nat6 := ns.exec(t, "ip6tables", "-t", "nat", "-S"); !strings.Contains(nat6, "-A POSTROUTING -s fd00:2::/64 -j MESHLET-NAT") ||
 		!strings.Contains(nat6, "-A MESHLET-NAT -d fd00::/8 -j RETURN\n-A MESHLET-NAT -j MASQUERADE") {

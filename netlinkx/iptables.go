@@ -16,6 +16,11 @@ import (
 // jumps into it.
 const ChainNAT = "MESHLET-NAT"
 
+// ChainForward is meshlet's chain in the filter table's FORWARD (kg's
+// --iptables-forward-rules where Kilo is the CNI): it ACCEPTs the
+// Firewall's Forward prefixes, to and from, ahead of a host's DROP rules.
+const ChainForward = "MESHLET-FORWARD"
+
 type family int
 
 const (
@@ -42,6 +47,9 @@ type iptablesClient interface {
 // Firewall is the desired iptables state.
 type Firewall struct {
 	NAT NAT
+	// Forward are prefixes whose forwarded traffic is accepted, to and
+	// from (ChainForward; none: no chain).
+	Forward []netip.Prefix
 }
 
 // chainSpec is one meshlet chain and the jumps to it, in iptables -S form
@@ -50,6 +58,9 @@ type chainSpec struct {
 	table, chain, parent string
 	rules                []string // empty = the chain must not exist
 	jumps                []string // rules in parent jumping to chain
+	// first: the jumps go first in parent (ahead of a host's DROP rules),
+	// else last.
+	first bool
 }
 
 // desiredChains renders a Firewall for one family. Pure.
@@ -76,7 +87,16 @@ func desiredChains(fw Firewall, f family) []chainSpec {
 		}
 		nat.rules = append(nat.rules, "-j MASQUERADE")
 	}
-	return []chainSpec{nat}
+	fwd := chainSpec{table: "filter", chain: ChainForward, parent: "FORWARD", first: true}
+	for _, p := range fw.Forward {
+		if f.has(p) {
+			fwd.rules = append(fwd.rules, "-s "+p.Masked().String()+" -j ACCEPT", "-d "+p.Masked().String()+" -j ACCEPT")
+		}
+	}
+	if len(fwd.rules) > 0 {
+		fwd.jumps = []string{"-j " + ChainForward}
+	}
+	return []chainSpec{nat, fwd}
 }
 
 // chainOp is one edit of a chain: insert rule at 1-based position pos, or
@@ -250,10 +270,15 @@ func reconcileChain(c iptablesClient, cs chainSpec) ([]string, error) {
 		if seen[r] {
 			continue
 		}
-		if err := c.Append(cs.table, cs.parent, strings.Fields(r)...); err != nil {
+		if cs.first {
+			err = c.Insert(cs.table, cs.parent, 1, strings.Fields(r)...)
+		} else {
+			err = c.Append(cs.table, cs.parent, strings.Fields(r)...)
+		}
+		if err != nil {
 			return changes, err
 		}
-		changes = append(changes, fmt.Sprintf("%s: append %q", cs.parent, r))
+		changes = append(changes, fmt.Sprintf("%s: add %q", cs.parent, r))
 	}
 	if len(cs.rules) == 0 && exists {
 		if err := c.ClearAndDeleteChain(cs.table, cs.chain); err != nil {

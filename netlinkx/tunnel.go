@@ -45,7 +45,7 @@ func (h *Host) EnsureTunnel(ctx context.Context, t Tunnel) (string, error) {
 	}
 	if link == nil {
 		if !t.Create {
-			return "", fmt.Errorf("netlinkx: tunnel device %s does not exist (and the plan does not ask to create it)", t.Name)
+			return "", fmt.Errorf("netlinkx: tunnel device %s: %w (and the plan does not ask to create it)", t.Name, ErrTunnelMissing)
 		}
 		// Adding an ipip link loads the module when it can; the module
 		// then also creates its fallback device tunl0 itself, hence EEXIST
@@ -59,8 +59,8 @@ func (h *Host) EnsureTunnel(ctx context.Context, t Tunnel) (string, error) {
 		}
 		h.log.Info("created IPIP tunnel", "device", t.Name)
 	}
-	if link.Type() != "ipip" {
-		return "", fmt.Errorf("netlinkx: tunnel device %s has link type %q, want ipip", t.Name, link.Type())
+	if want := tunnelType(t.Name); link.Type() != want {
+		return "", fmt.Errorf("netlinkx: tunnel device %s has link type %q, want %s", t.Name, link.Type(), want)
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		if err := h.nl.LinkSetUp(link); err != nil {
@@ -68,4 +68,17 @@ func (h *Host) EnsureTunnel(ctx context.Context, t Tunnel) (string, error) {
 		}
 	}
 	return t.Name, nil
+}
+
+// ErrTunnelMissing: the tunnel device the plan routes through does not
+// exist and is not meshlet's to create (flannel.1, cilium_tunl).
+var ErrTunnelMissing = errors.New("does not exist")
+
+// tunnelType is the link type a tunnel device must have: flannel's is a
+// VXLAN device, every other an IPIP tunnel.
+func tunnelType(name string) string {
+	if name == "flannel.1" {
+		return "vxlan"
+	}
+	return "ipip"
 }

@@ -79,6 +79,9 @@ type DeviceConfig struct {
 type Device struct {
 	Name string
 	Kind Kind
+	// Created: EnsureDevice made it (a new kernel link, or a userspace
+	// device it started), so a failed start removes it again.
+	Created bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -163,7 +166,7 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 		err := nl.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: cfg.Name}})
 		if err == nil {
 			log.Info("created kernel WireGuard device", "interface", cfg.Name)
-			return &Device{Name: cfg.Name, Kind: KindKernel}, nil
+			return &Device{Name: cfg.Name, Kind: KindKernel, Created: true}, nil
 		}
 		if mode == ModeKernel {
 			return nil, fmt.Errorf("wg: create kernel WireGuard link %s: %w: %w", cfg.Name, ErrKernelUnsupported, err)
@@ -188,7 +191,7 @@ func EnsureDevice(ctx context.Context, cfg DeviceConfig) (*Device, error) {
 		if err := spawnUserspace(ctx, cfg.Name, cfg.Spawn, log); err != nil {
 			return nil, err
 		}
-		return &Device{Name: cfg.Name, Kind: KindExternal}, nil
+		return &Device{Name: cfg.Name, Kind: KindExternal, Created: true}, nil
 	}
 	return startUserspace(cfg.Name, log)
 }
@@ -275,9 +278,10 @@ func startUserspace(name string, log *slog.Logger) (*Device, error) {
 	}()
 	log.Info("started userspace WireGuard device", "interface", name, "socket", filepath.Join(SocketDir, name+".sock"))
 	return &Device{
-		Name: name,
-		Kind: KindUserspace,
-		done: done,
+		Name:    name,
+		Kind:    KindUserspace,
+		Created: true,
+		done:    done,
 		close: func() error {
 			// UAPIListener.Close removes the socket file.
 			err := uapi.Close()

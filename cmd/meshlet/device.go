@@ -35,22 +35,18 @@ const sidecarWait = 60 * time.Second
 // ensureDevice returns the WireGuard device for mode (wg.EnsureDevice's
 // rule); a userspace one is hosted by `meshlet wireguard-userspace`, started
 // here (child) or run by a sidecar container (sidecar).
-func ensureDevice(ctx context.Context, iface, mode, userspaceDevice string, log *slog.Logger) (wg.Kind, error) {
+func ensureDevice(ctx context.Context, iface, mode, userspaceDevice string, log *slog.Logger) (*wg.Device, error) {
 	cfg := wg.DeviceConfig{Name: iface, Mode: wg.Mode(mode), Logger: log}
 	if userspaceDevice == userspaceSidecar {
 		cfg.WaitExternal = sidecarWait
 	} else {
 		self, err := os.Executable()
 		if err != nil {
-			return "", fmt.Errorf("finding meshlet's own binary: %w", err)
+			return nil, fmt.Errorf("finding meshlet's own binary: %w", err)
 		}
 		cfg.Spawn = []string{self, userspaceCommand, "--interface", iface}
 	}
-	d, err := wg.EnsureDevice(ctx, cfg)
-	if err != nil {
-		return "", err
-	}
-	return d.Kind, nil
+	return wg.EnsureDevice(ctx, cfg)
 }
 
 // newUserspaceDeviceCmd hosts a userspace WireGuard device until SIGTERM:

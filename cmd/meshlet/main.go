@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -59,14 +60,19 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usage(fmt.Errorf("%w (see '%s --help')", err, c.CommandPath()))
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDiagnoseCmd(), newGraphCmd(), newPlanCmd(), newCleanupCmd(),
-		newVersionCmd(), newUserspaceDeviceCmd())
+	root.AddCommand(newRunCmd(), newKgCmd(), newStatusCmd(), newDiagnoseCmd(), newGraphCmd(), newPlanCmd(), newCleanupCmd(),
+		newVersionCmd(), newWebhookCmd(), newUserspaceDeviceCmd())
 	return root
 }
 
 // execute runs the command line args and returns the exit status; the one
 // error line goes to errOut.
 func execute(ctx context.Context, args []string, out, errOut io.Writer) int {
+	if kgMode(args) {
+		// Kilo's DaemonSet passes kg's flags to the image's entrypoint,
+		// without a command.
+		args = append([]string{"kg"}, args...)
+	}
 	root := newRoot(out, errOut)
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
@@ -87,7 +93,11 @@ func execute(ctx context.Context, args []string, out, errOut io.Writer) int {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	args := os.Args[1:]
+	if filepath.Base(os.Args[0]) == "kg" {
+		args = append([]string{"kg"}, args...) // a binary called kg: kg's command line
+	}
+	code := execute(ctx, args, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -107,7 +117,9 @@ func newVersionCmd() *cobra.Command {
 func newLogger(level string) *slog.Logger {
 	var l slog.Level
 	switch level {
-	case "debug":
+	case "none":
+		return slog.New(slog.DiscardHandler)
+	case "all", "debug":
 		l = slog.LevelDebug
 	case "warn":
 		l = slog.LevelWarn

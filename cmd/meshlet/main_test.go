@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 // runCmd runs a meshlet command line as main does, printing to out.
@@ -37,6 +39,16 @@ func TestCommandLine(t *testing.T) {
 		{"missing file", []string{"plan", "--node", "a", "--local", "/nonexistent.yaml"}, 1, "", ""},
 		{"status without an agent", []string{"status", "--socket", "/nonexistent/status.sock"}, 1, "", ""},
 		{"completion", []string{"completion", "bash"}, 0, "bash completion", ""},
+		// kg's command line: flags without a command are kg's (the image in
+		// Kilo's DaemonSet), with kg's defaults.
+		{"kg help", []string{"kg", "--help"}, 0, "NAT for the pod subnet) (default true)", ""},
+		{"kg's version flag", []string{"--version"}, 0, "dev", ""},
+		{"kg's version command", []string{"kg", "version"}, 0, "meshlet dev", ""},
+		{"kg flags without a command", []string{"--backend=etcd", "--hostname=n"}, 2, "", "meshlet kg: invalid flags: --backend: \"etcd\": meshlet has only kg's kubernetes backend\n"},
+		{"kg's log levels", []string{"--log-level=verbose"}, 2, "", "meshlet kg: invalid flags: --log-level: \"verbose\" must be all, debug, info, warn, error or none\n"},
+		{"kg's flag on meshlet run", []string{"run", "--clean-up-interface", "--hostname=n"}, 2, "", "meshlet run: invalid flags: --clean-up-interface: needs --clean-up (as kg: the interface goes with the rest)\n"},
+		{"a missing kubeconfig fails before the host is touched", []string{"--kubeconfig=/nonexistent", "--hostname=n"}, 1, "", ""},
+		{"webhook needs its certificate", []string{"webhook"}, 2, "", "meshlet webhook: --cert-file and --key-file are required (the webhook serves HTTPS)\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
@@ -54,5 +66,44 @@ func TestCommandLine(t *testing.T) {
 				t.Errorf("want exactly one error line, got %q", errOut.String())
 			}
 		})
+	}
+}
+
+// TestKgDefaults: the kg command's defaults are kg 0.7's where they differ
+// from meshlet run's, and every kg flag exists on both.
+func TestKgDefaults(t *testing.T) {
+	kgFlags := []string{"backend", "clean-up", "clean-up-interface", "cni", "cni-path", "compatibility", "create-interface",
+		"encapsulate", "hostname", "interface", "internal-cidr", "iptables-forward-rules", "kubeconfig", "listen", "local",
+		"log-level", "master", "mesh-granularity", "mtu", "port", "prioritise-private-addresses", "resync-period",
+		"service-cidr", "subnet", "topology-label", "version"}
+	root := newRoot(io.Discard, io.Discard)
+	var kg, run *pflag.FlagSet
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "kg":
+			kg = c.Flags()
+		case "run":
+			run = c.Flags()
+		}
+	}
+	for _, name := range kgFlags {
+		for cmd, fs := range map[string]*pflag.FlagSet{"kg": kg, "run": run} {
+			if fs.Lookup(name) == nil {
+				t.Errorf("meshlet %s has no --%s (kg's)", cmd, name)
+			}
+		}
+	}
+	for name, want := range map[string][2]string{ // kg's default, meshlet run's
+		"cni": {"true", "false"}, "clean-up": {"true", "false"}, "key-file": {"/var/lib/kilo/key", "/var/lib/meshlet/key"},
+		"metrics-compat": {"kilo", ""}, "cni-path": {"/etc/cni/net.d/10-kilo.conflist", "/etc/cni/net.d/10-kilo.conflist"},
+		"mtu": {"auto", "auto"}, "subnet": {"10.4.0.0/16", "10.4.0.0/16"}, "listen": {":1107", ":1107"},
+		"create-interface": {"true", "true"}, "local": {"true", "true"}, "encapsulate": {"always", "always"},
+	} {
+		if got := kg.Lookup(name).DefValue; got != want[0] {
+			t.Errorf("kg --%s defaults to %q, want kg's %q", name, got, want[0])
+		}
+		if got := run.Lookup(name).DefValue; got != want[1] {
+			t.Errorf("run --%s defaults to %q, want %q", name, got, want[1])
+		}
 	}
 }

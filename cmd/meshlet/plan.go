@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -135,11 +136,11 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 	for i := range snap.Remotes {
 		snap.Remotes[i].HeardOnce(snap.Now)
 	}
-	self, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, c.Flags().Changed("port"), f.iface, f.cilium, f.tunnel)
+	self, assumed, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, c.Flags().Changed("port"), f.iface, f.cilium, f.tunnel)
 	if err != nil {
 		return err
 	}
-	plan := planner.Compute(snap, self)
+	plan := planned{Plan: planner.Compute(snap, self), Assumed: assumed}
 	switch *output {
 	case "json":
 		enc := json.NewEncoder(stdout)
@@ -196,14 +197,16 @@ func planTime(v string, nodes []topology.Node) (time.Time, error) {
 	return newest, nil
 }
 
-// selfFromFile stands in for what the agent would observe on the node, from
-// what the dump says of it: its internal-ip and its endpoint's IP on the
-// private interface (which holds the default route), its
-// cni-compatibility-ip as cilium_host's address, and its
-// discovered-endpoints as what its device learned. --cilium-host-ip
-// overrides; --private-ip and --internal-cidr act as for the agent. Unless
-// --port is given, the listen port is its endpoint's.
-func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, portSet bool, iface, cilium, tunnel string) (topology.Self, error) {
+// selfFromFile stands in for what the agent would observe on the node,
+// from what the dump says of it and nothing else (docs/kilo-compatibility.md#own-address):
+// its internal-ip (or --private-ip) as the address of the private interface
+// (which holds the default route), its published endpoint as the endpoint
+// it keeps advertising (Kilo's rule for a node's own endpoint), its key,
+// its cni-compatibility-ip as cilium_host's address (--cilium-host-ip
+// overrides), and its discovered-endpoints as what its device learned.
+// Unless --port is given, the listen port is its endpoint's. It returns
+// what it assumed, for people.
+func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, portSet bool, iface, cilium, tunnel string) (topology.Self, []string, error) {
 	self := topology.Self{Name: name, DefaultInterface: iface, TunnelDevice: tunnel}
 	var n *topology.Node
 	for i := range nodes {
@@ -212,19 +215,28 @@ func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, po
 		}
 	}
 	if n == nil {
-		return self, fmt.Errorf("node %q is not in the local file", name)
+		return self, nil, fmt.Errorf("node %q is not in the local file", name)
 	}
+	var assumed []string
 	self.PublicKey, self.CiliumHostIP, self.Version = n.PublicKey, n.CNICompatibilityIP, n.MeshletVersion
-	if n.InternalIP.IsValid() {
-		self.Addresses = append(self.Addresses, topology.HostAddress{Interface: iface, Prefix: n.InternalIP})
+	if n.PublicKey.IsZero() {
+		assumed = append(assumed, "no WireGuard key: the dump has none valid for the node, so it is not Ready (its agent would use its own key)")
 	}
-	if ap, err := netip.ParseAddrPort(n.Endpoint); err == nil {
-		if a := ap.Addr().Unmap(); !n.InternalIP.IsValid() || a != n.InternalIP.Addr() {
-			self.Addresses = append(self.Addresses, topology.HostAddress{Interface: iface, Prefix: netip.PrefixFrom(a, a.BitLen())})
+	for _, a := range []netip.Prefix{n.InternalIP, set.PrivateIP} {
+		if a.IsValid() && !slices.ContainsFunc(self.Addresses, func(h topology.HostAddress) bool { return h.Prefix == a }) {
+			self.Addresses = append(self.Addresses, topology.HostAddress{Interface: iface, Prefix: a})
+			assumed = append(assumed, fmt.Sprintf("host address %s on %s", a, iface))
 		}
-		if !portSet {
-			set.Port = int(ap.Port())
-		}
+	}
+	if len(self.Addresses) == 0 {
+		assumed = append(assumed, "no private address (the dump has no internal-ip for the node)")
+	}
+	if n.Endpoint != "" {
+		self.Advertised = n.Endpoint
+		assumed = append(assumed, "endpoint "+n.Endpoint+" (published)")
+	}
+	if ap, err := netip.ParseAddrPort(n.Endpoint); err == nil && !portSet {
+		set.Port = int(ap.Port())
 	}
 	for k, ep := range n.DiscoveredEndpoints {
 		self.Device = append(self.Device, topology.DevicePeer{PublicKey: k, Endpoint: ep, Handshake: true})
@@ -232,15 +244,23 @@ func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, po
 	if cilium != "" {
 		p, err := kilo.ParsePrefix(cilium)
 		if err != nil {
-			return self, usage(fmt.Errorf("--cilium-host-ip: %w", err))
+			return self, nil, usage(fmt.Errorf("--cilium-host-ip: %w", err))
 		}
 		self.CiliumHostIP = p
 	}
-	return self, nil
+	return self, assumed, nil
+}
+
+// planned is meshlet plan's output: the plan and what it assumed of the
+// node where the dump says nothing of the host.
+type planned struct {
+	topology.Plan
+	Assumed []string `json:"assumed"`
 }
 
 // printPlan is the plan for people.
-func printPlan(w io.Writer, p topology.Plan, now time.Time) error {
+func printPlan(w io.Writer, pa planned, now time.Time) error {
+	p := pa.Plan
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	role := "non-leader (kilo0 down, routes via its leader)"
 	if p.Leader {
@@ -292,6 +312,12 @@ func printPlan(w io.Writer, p topology.Plan, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%s\n", k, orDash(p.Annotations[k]))
 	}
 	status.WriteRejections(tw, p.Rejections)
+	if len(pa.Assumed) > 0 {
+		fmt.Fprintln(tw, "\nASSUMED OF THE NODE (from the dump: meshlet plan sees no host)")
+		for _, a := range pa.Assumed {
+			fmt.Fprintf(tw, "- %s\n", a)
+		}
+	}
 	return tw.Flush()
 }
 

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,9 +19,11 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/meshlet/meshlet/agent/runtime/cni"
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/node"
+	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
@@ -36,46 +40,98 @@ func hostname(flagValue string) (string, error) {
 	return os.Hostname()
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
+func restConfig(kubeconfig string) (*rest.Config, error) { return restConfigAt("", kubeconfig) }
+
+// restConfigAt is the client configuration from master (kg's --master:
+// the API server's address over the kubeconfig's) and kubeconfig ("":
+// $KUBECONFIG, else in-cluster).
+func restConfigAt(master, kubeconfig string) (*rest.Config, error) {
 	if kubeconfig == "" {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
-	if kubeconfig == "" {
+	if kubeconfig == "" && master == "" {
 		return rest.InClusterConfig()
 	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	return clientcmd.BuildConfigFromFlags(master, kubeconfig)
+}
+
+// agentFlags are meshlet run's and meshlet kg's: the agent's configuration
+// and the two flags only the command line has.
+type agentFlags struct {
+	cfg                         config.Config
+	iptBackend, userspaceDevice string
+}
+
+func (f *agentFlags) register(fs *pflag.FlagSet) {
+	fs.SortFlags = false
+	f.cfg.RegisterTopology(fs)
+	f.cfg.RegisterAgent(fs)
+	f.cfg.RegisterKg(fs)
+	registerIptablesBackend(fs, &f.iptBackend)
+	fs.StringVar(&f.userspaceDevice, "userspace-device", userspaceChild,
+		"who runs a userspace WireGuard device: child (meshlet starts it as a detached process) or sidecar (another container runs meshlet wireguard-userspace, sharing /var/run/wireguard; meshlet waits for its socket)")
+}
+
+func (f *agentFlags) run(c *cobra.Command) error {
+	if f.cfg.PrintVersion {
+		fmt.Fprintln(c.OutOrStdout(), version)
+		return nil
+	}
+	if err := f.cfg.Validate(); err != nil {
+		return usage(fmt.Errorf("invalid flags: %w", err))
+	}
+	if f.userspaceDevice != userspaceChild && f.userspaceDevice != userspaceSidecar {
+		return usage(fmt.Errorf("--userspace-device: %q must be child or sidecar", f.userspaceDevice))
+	}
+	return runAgent(c.Context(), f.cfg, f.iptBackend, f.userspaceDevice)
 }
 
 // newRunCmd is `meshlet run`: the agent.
 func newRunCmd() *cobra.Command {
-	var cfg config.Config
-	var iptBackend, userspaceDevice string
+	f := &agentFlags{}
 	c := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node agent (the DaemonSet's command)",
 		Args:  noArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			if err := cfg.Validate(); err != nil {
-				return usage(fmt.Errorf("invalid flags: %w", err))
-			}
-			if userspaceDevice != userspaceChild && userspaceDevice != userspaceSidecar {
-				return usage(fmt.Errorf("--userspace-device: %q must be child or sidecar", userspaceDevice))
-			}
-			return runAgent(c.Context(), cfg, iptBackend, userspaceDevice)
-		},
+		RunE:  func(c *cobra.Command, _ []string) error { return f.run(c) },
 	}
-	fs := c.Flags()
-	fs.SortFlags = false
-	cfg.RegisterTopology(fs)
-	cfg.RegisterAgent(fs)
-	registerIptablesBackend(fs, &iptBackend)
-	fs.StringVar(&userspaceDevice, "userspace-device", userspaceChild,
-		"who runs a userspace WireGuard device: child (meshlet starts it as a detached process) or sidecar (another container runs `meshlet wireguard-userspace`, sharing /var/run/wireguard; meshlet waits for its socket)")
+	f.register(c.Flags())
 	return c
 }
 
-// runAgent is the real data plane around the agent.
-func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevice string) error {
+// newKgCmd is `meshlet kg`: the agent with kg's command line and defaults,
+// so meshlet's image runs in Kilo's own DaemonSet with only the image
+// changed (docs/dropin.md). The image's entrypoint given flags and no
+// command runs it (execute), as does a binary called kg; kg's version and
+// webhook subcommands are there too.
+func newKgCmd() *cobra.Command {
+	f := &agentFlags{}
+	c := &cobra.Command{
+		Use:   "kg [flags]",
+		Short: "Run the agent as kg would: kg's flags and defaults (the drop-in for Kilo's DaemonSet)",
+		Long: "Run the agent with kg 0.7's command line: every kg flag with kg's default (--cni=true, --clean-up=true,\n" +
+			"the key in /var/lib/kilo/key, kilo_* metrics), meshlet's own flags besides (docs/dropin.md#flags).",
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error { return f.run(c) },
+	}
+	f.register(c.Flags())
+	if err := config.SetDefaults(c.Flags(), config.KgDefaults); err != nil {
+		panic(err) // a programming error: KgDefaults names a flag that does not exist
+	}
+	c.AddCommand(newVersionCmd(), newWebhookCmd())
+	return c
+}
+
+// kgMode tells whether a command line is kg's: flags without a command
+// (Kilo's manifests pass only flags to the image's entrypoint).
+func kgMode(args []string) bool {
+	return len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help"
+}
+
+// runAgent is the real data plane around the agent. Nothing is set up on
+// the host before the command line and the kubeconfig were accepted, and a
+// start that fails removes the device it created.
+func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevice string) (err error) {
 	name, err := hostname(cfg.Hostname)
 	if err != nil {
 		return fmt.Errorf("finding this node's name: %w", err)
@@ -83,6 +139,14 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	log := newLogger(cfg.LogLevel).With("node", name)
 	slog.SetDefault(log)
 	log.Info("starting meshlet", "version", version, "interface", cfg.Interface, "wireguard", cfg.WireGuardMode)
+	rc, err := restConfigAt(cfg.Master, cfg.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client config: %w", err)
+	}
+	rc.UserAgent = "meshlet/" + version
+	if _, err := xtables.Select(ctx, iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
+		return err
+	}
 
 	// The private key never leaves this process and the key file (0600).
 	priv, created, err := wg.LoadOrCreateKey(cfg.KeyFile)
@@ -92,11 +156,20 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if created {
 		log.Info("generated a new WireGuard key", "file", cfg.KeyFile)
 	}
-	kind, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, userspaceDevice, log)
+	if !cfg.CreateInterface {
+		userspaceDevice = userspaceSidecar // another process runs it (kg's --create-interface=false)
+	}
+	dev, err := ensureDevice(ctx, cfg.Interface, cfg.WireGuardMode, userspaceDevice, log)
 	if err != nil {
 		return fmt.Errorf("WireGuard device %s: %w", cfg.Interface, err)
 	}
-	log.Info("WireGuard device ready", "interface", cfg.Interface, "kind", kind)
+	log.Info("WireGuard device ready", "interface", cfg.Interface, "kind", dev.Kind)
+	running := false
+	defer func() {
+		if !running && dev.Created {
+			removeDevice(dev, log)
+		}
+	}()
 	wgc, err := wgctrl.New()
 	if err != nil {
 		return fmt.Errorf("opening wgctrl: %w", err)
@@ -106,19 +179,11 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if err != nil {
 		return err
 	}
-	if _, err := xtables.Select(ctx, iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
-		return err
-	}
 	host, err := netlinkx.New(netlinkx.Options{Logger: log})
 	if err != nil {
 		return err
 	}
 	defer host.Close()
-	rc, err := restConfig(cfg.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("kubernetes client config: %w", err)
-	}
-	rc.UserAgent = "meshlet/" + version
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -141,8 +206,13 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	})
 	changes := mergeSignals(ctx, netlinkChanges, drift)
 	facts := &node.Facts{Host: host, WireGuard: mgr, Version: version, HostnameAddrs: hostnameAddrs(ctx, log)}
+	var nodeHost reconcile.Host = &node.Host{Host: host}
+	if cfg.CNI {
+		facts.CNI = &cni.File{Path: cfg.CNIPath}
+		nodeHost = &node.Host{Host: host, CNI: facts.CNI}
+	}
 	agent, err := runner.New(runner.Options{
-		Config: cfg, Node: name, RestConfig: rc, WireGuard: &node.WireGuard{Manager: mgr}, Host: &node.Host{Host: host},
+		Config: cfg, Node: name, RestConfig: rc, WireGuard: &node.WireGuard{Manager: mgr}, Host: nodeHost,
 		Self: facts, HostEvents: changes, Registry: reg, Log: log, Version: version,
 	})
 	if err != nil {
@@ -156,11 +226,48 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 			return err
 		}
 	}
+	running = true
 	go cleanupKiloWhenReady(ctx, agent.Loop.Ready, host, log)
 	err = agent.Run(ctx)
-	// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
-	log.Info("meshlet stopped; data plane left in place")
+	if !cfg.CleanUp {
+		// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
+		log.Info("meshlet stopped; data plane left in place")
+		return err
+	}
+	// kg's --clean-up: remove what was set up when the node is left, keep
+	// it when a new agent follows (docs/dropin.md#clean-up).
+	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer lcancel()
+	leaving, why := agent.Leaving(lctx)
+	if !leaving {
+		log.Info("meshlet stopped; data plane left in place for the agent that follows", "why", why)
+		return err
+	}
+	log.Info("meshlet stopped and the node is left: removing what it set up", "why", why)
+	if cerr := agent.Depart(lctx, host, cfg.CleanUpInterface); cerr != nil {
+		log.Error("cleaning up", "error", cerr)
+	}
+	if cfg.CleanUpInterface {
+		removeDevice(dev, log)
+	}
 	return err
+}
+
+// removeDevice removes a WireGuard device meshlet created: the kernel link,
+// or the userspace device process (its TUN goes with it).
+func removeDevice(dev *wg.Device, log *slog.Logger) {
+	switch dev.Kind {
+	case wg.KindKernel:
+		if out, err := exec.Command("ip", "link", "del", dev.Name).CombinedOutput(); err != nil {
+			log.Warn("removing the WireGuard device", "interface", dev.Name, "error", err, "output", strings.TrimSpace(string(out)))
+		}
+	default:
+		if err := wg.StopSpawned(dev.Name); err != nil {
+			log.Warn("stopping the userspace WireGuard device", "interface", dev.Name, "error", err)
+		}
+		_ = dev.Close()
+	}
+	log.Info("removed the WireGuard device", "interface", dev.Name)
 }
 
 // hostnameAddrs resolves this host's name, the first source of kg's choice

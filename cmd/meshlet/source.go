@@ -108,7 +108,7 @@ func snapshot(local cluster.Cluster, remotes map[string]cluster.Cluster, setting
 // published (selfFromFile); the private interface is named eth0.
 func planAs(snap topology.Snapshot, name string) (topology.Plan, error) {
 	set := snap.Settings
-	self, err := selfFromFile(name, snap.Nodes, &set, false, "eth0", "", "")
+	self, _, err := selfFromFile(name, snap.Nodes, &set, false, "eth0", "", "")
 	if err != nil {
 		return topology.Plan{}, err
 	}

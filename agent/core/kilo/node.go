@@ -75,7 +75,7 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 
 	n.ExternalIPs = externalIPs(node, reject)
 	convertEndpoints(n, a, reject)
-	n.InternalIP = internalIP(a, reject)
+	n.InternalIP, n.InternalIPForced = internalIP(a, reject)
 
 	var err error
 	if n.PublicKey, err = ParseKeyAnnotation(a[topology.AnnotationKey]); err != nil {
@@ -148,8 +148,8 @@ func convertEndpoints(n *topology.Node, a map[string]string, reject rejectFunc) 
 }
 
 // internalIP is force-internal-ip when valid ("" or "-" mean none and win
-// over internal-ip), else internal-ip.
-func internalIP(a map[string]string, reject rejectFunc) netip.Prefix {
+// over internal-ip; forced), else internal-ip.
+func internalIP(a map[string]string, reject rejectFunc) (netip.Prefix, bool) {
 	internal, err := ParsePrefix(a[topology.AnnotationInternalIP])
 	if err != nil {
 		reject(topology.AnnotationInternalIP, topology.ReasonInvalidCIDR, err)
@@ -160,12 +160,12 @@ func internalIP(a map[string]string, reject rejectFunc) netip.Prefix {
 		case err != nil:
 			reject(topology.AnnotationForceInternalIP, topology.ReasonInvalidCIDR, err)
 		case none:
-			return netip.Prefix{}
+			return netip.Prefix{}, true
 		default:
-			return p
+			return p, true
 		}
 	}
-	return internal
+	return internal, false
 }
 
 // externalIPs returns the node's ExternalIP addresses, IPv4 first (stable

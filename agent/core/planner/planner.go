@@ -21,7 +21,7 @@ import (
 func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 	set := topology.Defaults(snap.Settings)
 	// This node's own facts, then Kilo's topology with them.
-	host := topology.DecideHost(self, set, topology.ForceEndpoint(snap.Nodes, self.Name))
+	host := topology.DecideHost(self, set, topology.Published(snap.Nodes, self.Name))
 	local := topology.Segments(snap, set, self, host)
 	// The Lease: this node's part, and whether it must not lead.
 	judged := failover.Judge(self.Health, snap.Now, topology.PublishedTunnels(snap))
@@ -37,6 +37,9 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 		Leadership: decision.Leadership, Segments: local.Infos(set),
 	}
 	rejections := append(append([]topology.Rejection(nil), snap.Rejections...), local.Rejections...)
+	var rejs []topology.Rejection
+	pl.CNISubnet, rejs = topology.CNIRange(set, self, topology.Published(snap.Nodes, self.Name))
+	rejections = append(rejections, rejs...)
 	var targets []topology.ProbeTarget
 	if seg := local.SelfSegment; seg != nil {
 		pl.Leader = seg.LeaderNode().Name == self.Name
@@ -48,10 +51,12 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 			pl.WireGuard.Addresses = []netip.Prefix{pl.WireGuardIP}
 		}
 		discovered := topology.Discovered(self, local)
-		peers, rejs := topology.ValidatePeers(snap.Peers, local, self.Name, self.PublicKey)
+		var peers []topology.Peer
+		peers, rejs = topology.ValidatePeers(snap.Peers, local, self.Name, self.PublicKey)
 		rejections = append(rejections, rejs...)
 		owned := topology.LocalPrefixes(local, peers, set)
-		remotes, rejs := topology.ResolveRemotes(snap.Meshes, set, owned)
+		var remotes []topology.Remote
+		remotes, rejs = topology.ResolveRemotes(snap.Meshes, set, owned)
 		rejections = append(rejections, rejs...)
 		dev := topology.DevicePeers(topology.DeviceInput{Settings: set, Self: self, Local: local, Leader: pl.Leader, Peers: peers,
 			Discovered: discovered, Remotes: remotes, States: snap.Remotes, Owned: owned, Now: snap.Now})
@@ -62,6 +67,7 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 		pl.Routes, pl.Rules, pl.Tunnel = routes.Routes, routes.Rules, routes.Tunnel
 		rejections = append(rejections, routes.Rejections...)
 		pl.NAT = topology.NATFor(local, peers, remotes, set)
+		pl.Forward = topology.ForwardFor(local, pl.Leader, set)
 	}
 	// What this node publishes: Kilo's annotations, its health, the
 	// endpoints it learned.

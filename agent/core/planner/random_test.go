@@ -215,6 +215,20 @@ func randomInput(seed uint64) (topology.Snapshot, topology.Self) {
 		}
 		self.Health = h
 	}
+	// Drawn last, so the inputs above stay what they were before these
+	// modes existed.
+	if chance(0.1) {
+		snap.Settings.Compatibility = topology.CompatibilityFlannel
+	}
+	if chance(0.15) {
+		snap.Settings.CNI, snap.Settings.ForwardRules = true, chance(0.5)
+	}
+	snap.Settings.PrivateEndpoint = chance(0.1)
+	if chance(0.1) {
+		forced := &snap.Nodes[selfIdx]
+		forced.InternalIPForced = true
+		forced.InternalIP = []netip.Prefix{{}, pfx("10.0.9.9/24")}[pick(2)]
+	}
 	return snap, self
 }
 

@@ -112,28 +112,49 @@ type Host struct {
 }
 
 // DecideHost decides this node's private IP, private interface, endpoint
-// and MTU: an explicit private IP (Settings.PrivateIP) wins over
-// discovery; the endpoint is the node's force-endpoint when valid, else
-// its public IP with the listen port; the MTU is --mtu, else Kilo's auto
-// rule (the default route interface's MTU minus WireGuard's overhead).
-func DecideHost(self Self, set Settings, forceEndpoint string) Host {
+// and MTU from what the agent observed and what the node publishes
+// (published: nil when its Node is not known yet). The private IP is the
+// node's force-internal-ip when it has one ("" or "-": none), else
+// --private-ip, else the one discovered (hostIPs, within --internal-cidr).
+// The endpoint is the node's force-endpoint when valid, else its private
+// IP with --prioritise-private-addresses, else its public IP, with the
+// listen port. The MTU is --mtu, else Kilo's auto rule (the default route
+// interface's MTU minus WireGuard's overhead).
+func DecideHost(self Self, set Settings, published *Node) Host {
 	var h Host
-	priv, pub, ok := hostIPs(self, set.InternalCIDRs)
-	if want := set.PrivateIP; want.IsValid() {
-		priv = HostAddress{Prefix: want}
-		for _, a := range self.Addresses {
-			if a.Prefix.Addr() == want.Addr() {
-				priv.Interface = a.Interface
+	discovered, pub, ok := hostIPs(self, set.InternalCIDRs)
+	priv := discovered
+	pinned := func(want netip.Prefix) HostAddress {
+		a := HostAddress{Prefix: want}
+		for _, x := range self.Addresses {
+			if want.IsValid() && x.Prefix.Addr() == want.Addr() {
+				a.Interface = x.Interface
 			}
 		}
+		return a
+	}
+	switch {
+	case published != nil && published.InternalIPForced:
+		priv = pinned(published.InternalIP)
+	case set.PrivateIP.IsValid():
+		priv = pinned(set.PrivateIP)
 		if !ok {
 			pub, ok = priv, true
 		}
 	}
 	h.Private = priv
+	force := ""
+	if published != nil {
+		force = published.ForceEndpoint
+	}
 	switch {
-	case forceEndpoint != "":
-		h.Endpoint = forceEndpoint
+	case force != "":
+		h.Endpoint = force
+	case self.Advertised != "":
+		h.Endpoint = self.Advertised
+	case set.PrivateEndpoint && discovered.Prefix.IsValid():
+		// kg advertises the private IP it discovered.
+		h.Endpoint = net.JoinHostPort(discovered.Prefix.Addr().String(), strconv.Itoa(set.Port))
 	case ok && pub.Prefix.IsValid():
 		h.Endpoint = net.JoinHostPort(pub.Prefix.Addr().String(), strconv.Itoa(set.Port))
 	}

@@ -34,6 +34,20 @@ func Annotations(self Self, h Host, set Settings, now time.Time, wireGuardIP net
 	return a
 }
 
+// CNIRange is the IPAM range of Kilo's CNI configuration list (kg's
+// --cni): the node's pod CIDR as its Node says, once it has one; nothing
+// while the file cannot be written (rejected: it stays as it is).
+func CNIRange(set Settings, self Self, published *Node) (netip.Prefix, []Rejection) {
+	if !set.CNI || published == nil || len(published.PodCIDRs) == 0 {
+		return netip.Prefix{}, nil
+	}
+	if self.CNI.Err != "" {
+		return netip.Prefix{}, []Rejection{{Object: ObjectRef{Kind: "Node", Name: self.Name}, Field: "cni-path",
+			Reason: ReasonInvalidCNIConfig, Message: self.CNI.Err + "; the file is left as it is (the install-cni init container writes it)"}}
+	}
+	return published.PodCIDRs[0].Masked(), nil
+}
+
 // DiscoveredToPublish is what this node publishes in discovered-endpoints,
 // Kilo's set (discoverNATEndpoints): what its device learned for segment
 // leaders that keep a keepalive themselves and for every Peer; for remote

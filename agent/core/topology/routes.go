@@ -3,10 +3,12 @@ package topology
 import "net/netip"
 
 // Tunnel device names: Cilium creates cilium_tunl with
-// enable-ipip-termination; otherwise the kernel's fallback tunl0.
+// enable-ipip-termination, flannel's VXLAN backend flannel.1; otherwise the
+// kernel's fallback tunl0, which the plan may ask to create.
 const (
-	TunnelCilium = "cilium_tunl"
-	TunnelIPIP   = "tunl0"
+	TunnelCilium  = "cilium_tunl"
+	TunnelIPIP    = "tunl0"
+	TunnelFlannel = "flannel.1"
 )
 
 // RouteInput is what the routes stage reads.
@@ -53,11 +55,14 @@ func Routes(in RouteInput) RoutePlan {
 func (b *routeBuilder) self() *Node        { return b.in.Local.Self }
 func (b *routeBuilder) privIP() netip.Addr { return b.self().InternalIP.Addr() }
 
-// tunnel returns the IPIP device to route through, asking for tunl0 to be
-// created when the node has no tunnel device yet.
+// tunnel returns the device to route through: the CNI's (flannel.1, or
+// cilium_tunl where it exists), else tunl0, asked to be created when the
+// node has none yet.
 func (b *routeBuilder) tunnel() string {
-	switch b.in.Self.TunnelDevice {
-	case TunnelCilium, TunnelIPIP:
+	switch {
+	case b.in.Settings.Compatibility == CompatibilityFlannel:
+		b.out.Tunnel = Tunnel{Name: TunnelFlannel}
+	case b.in.Self.TunnelDevice == TunnelCilium, b.in.Self.TunnelDevice == TunnelIPIP:
 		b.out.Tunnel = Tunnel{Name: b.in.Self.TunnelDevice}
 	default:
 		b.out.Tunnel = Tunnel{Name: TunnelIPIP, Create: true}
@@ -93,8 +98,13 @@ func (b *routeBuilder) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
 
 // gatewayOf is the address mesh traffic to node n is sent to (Kilo's
 // Encapsulator.Gw): in Cilium mode n's cilium_host IP, else — Kilo's
-// fallback — the network address of its pod CIDR; otherwise n's private IP.
+// fallback — the network address of its pod CIDR; in flannel mode the
+// network address of its pod CIDR (flannel.1's address there); otherwise
+// n's private IP.
 func gatewayOf(n *Node, set Settings) netip.Addr {
+	if set.Compatibility == CompatibilityFlannel && len(n.PodCIDRs) > 0 {
+		return n.PodCIDRs[0].Masked().Addr()
+	}
 	if set.Compatibility == CompatibilityCilium {
 		if n.CNICompatibilityIP.IsValid() {
 			return n.CNICompatibilityIP.Addr()
@@ -274,8 +284,39 @@ func NATFor(l Local, peers []Peer, remotes []Remote, set Settings) NAT {
 		ex = append(ex, r.Networks...)
 	}
 	ex = append(ex, set.ServiceCIDRs...)
+	if set.CNI && l.Self != nil {
+		// Kilo as the CNI: pods reach the world through the node.
+		nat.Sources = append(nat.Sources, l.Self.PodCIDRs...)
+	}
 	nat.Exceptions = sortedUnique(ex)
 	nat.Sources = sortedUnique(nat.Sources)
 	nat.Destinations = sortedUnique(nat.Destinations)
 	return nat
+}
+
+// ForwardFor are the prefixes kg's --iptables-forward-rules accepts in
+// FORWARD, to and from, where Kilo is the CNI: on a leader, which forwards
+// for its location, the location's pod subnets, allowed-location-ips and
+// private IPs; on any other node its own pod subnet.
+func ForwardFor(l Local, leader bool, set Settings) []netip.Prefix {
+	if !set.ForwardRules || l.Self == nil {
+		return nil
+	}
+	if !leader {
+		return sortedUnique(l.Self.PodCIDRs)
+	}
+	var out []netip.Prefix
+	for _, s := range l.Segments {
+		if !l.SameLocation(s, set) {
+			continue
+		}
+		for _, n := range s.Nodes {
+			out = append(out, n.PodCIDRs...)
+			if n.InternalIP.IsValid() {
+				out = append(out, host(n.InternalIP.Addr()))
+			}
+		}
+		out = append(out, s.AllowedLocationIPs...)
+	}
+	return sortedUnique(out)
 }

@@ -147,16 +147,15 @@ func segmentKey(n *Node, set Settings) string {
 	}
 }
 
-// ForceEndpoint is the force-endpoint annotation of node name as
-// published ("" when none).
-func ForceEndpoint(nodes []Node, name string) string {
-	force := ""
+// Published is node name as its Node object says (nil when there is none).
+func Published(nodes []Node, name string) *Node {
+	var out *Node
 	for i := range nodes {
 		if nodes[i].Name == name {
-			force = nodes[i].ForceEndpoint
+			out = &nodes[i]
 		}
 	}
-	return force
+	return out
 }
 
 // overlaySelf replaces the published facts of this node by the live ones,

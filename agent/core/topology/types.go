@@ -61,6 +61,10 @@ type Compatibility string
 const (
 	CompatibilityNone   Compatibility = ""
 	CompatibilityCilium Compatibility = "cilium"
+	// CompatibilityFlannel: flannel routes inside a location over its
+	// VXLAN device flannel.1, through which Kilo's tunnelled routes go,
+	// to each node's pod subnet address (docs/dropin.md#flannel).
+	CompatibilityFlannel Compatibility = "flannel"
 )
 
 // Settings are the agent's flags that shape the plan.
@@ -91,6 +95,14 @@ type Settings struct {
 	// (docs/failover.md#health); the plan lists what to probe and this
 	// node publishes what its probes found.
 	HealthProbes bool
+	// CNI: Kilo is the CNI (kg's --cni): traffic from this node's pod
+	// subnet is masqueraded through the NAT chain, and with ForwardRules
+	// the pod subnets are accepted in FORWARD (kg's
+	// --iptables-forward-rules).
+	CNI, ForwardRules bool
+	// PrivateEndpoint: the node advertises its private IP as its endpoint
+	// (kg's --prioritise-private-addresses).
+	PrivateEndpoint bool
 }
 
 // Self is what the agent observed on this node (no Kubernetes object holds
@@ -123,6 +135,21 @@ type Self struct {
 	DefaultGateway netip.Addr
 	// Health is what this node's probes observed (nil = not probed).
 	Health *Health
+	// CNI is Kilo's CNI configuration list as read (Settings.CNI only).
+	CNI CNIState
+	// Advertised, when set, is the endpoint the node keeps advertising
+	// unless it has a force-endpoint (Kilo's rule for its own node: the
+	// published endpoint stays): meshlet plan plans with the dump's; the
+	// agent leaves it empty and advertises what it discovers now
+	// (docs/kilo-compatibility.md#own-address).
+	Advertised string
+}
+
+// CNIState is the CNI configuration list as the agent read it: the
+// subnet of its IPAM range (zero: none yet), or why it cannot be written.
+type CNIState struct {
+	Subnet netip.Prefix
+	Err    string
 }
 
 // Node is one Kubernetes node as the planner needs it, already parsed from
@@ -142,6 +169,10 @@ type Node struct {
 	ClusterMeshEndpoint string
 	ExternalIPs         []netip.Addr
 	InternalIP          netip.Prefix // zero = none
+	// InternalIPForced: InternalIP is the force-internal-ip annotation's
+	// (zero for "" or "-": the node has no private IP), which wins over
+	// what the node's agent discovers (Kilo's rule).
+	InternalIPForced    bool
 	PublicKey           Key
 	WireGuardIP         netip.Prefix // zero = none
 	PodCIDRs            []netip.Prefix
@@ -423,21 +454,27 @@ type Plan struct {
 	// PrivateIP and PrivateInterface are this node's private address and
 	// the underlay interface carrying it (routes to other nodes leave
 	// through it); Endpoint is what it advertises.
-	PrivateIP        netip.Prefix      `json:"privateIP,omitzero"`
-	PrivateInterface string            `json:"privateInterface,omitempty"`
-	Endpoint         string            `json:"endpoint,omitempty"`
-	Cluster          string            `json:"cluster,omitempty"`
-	Leader           bool              `json:"leader"`
-	Segment          string            `json:"segment"`
-	Location         string            `json:"location,omitempty"`
-	WireGuardIP      netip.Prefix      `json:"wireguardIP"`
-	WireGuard        Device            `json:"wireguard"`
-	Routes           []Route           `json:"routes"`
-	Rules            []Rule            `json:"rules"`
-	Tunnel           Tunnel            `json:"tunnel"`
-	NAT              NAT               `json:"nat"`
-	Annotations      map[string]string `json:"annotations"`
-	Rejections       []Rejection       `json:"rejections"`
+	PrivateIP        netip.Prefix `json:"privateIP,omitzero"`
+	PrivateInterface string       `json:"privateInterface,omitempty"`
+	Endpoint         string       `json:"endpoint,omitempty"`
+	Cluster          string       `json:"cluster,omitempty"`
+	Leader           bool         `json:"leader"`
+	Segment          string       `json:"segment"`
+	Location         string       `json:"location,omitempty"`
+	WireGuardIP      netip.Prefix `json:"wireguardIP"`
+	WireGuard        Device       `json:"wireguard"`
+	Routes           []Route      `json:"routes"`
+	Rules            []Rule       `json:"rules"`
+	Tunnel           Tunnel       `json:"tunnel"`
+	NAT              NAT          `json:"nat"`
+	// Forward are the prefixes accepted in FORWARD, to and from (kg's
+	// --iptables-forward-rules with --cni).
+	Forward []netip.Prefix `json:"forward,omitempty"`
+	// CNISubnet is the IPAM range to write into the CNI configuration
+	// list (kg's --cni); zero: leave the file alone.
+	CNISubnet   netip.Prefix      `json:"cniSubnet,omitzero"`
+	Annotations map[string]string `json:"annotations"`
+	Rejections  []Rejection       `json:"rejections"`
 	// Segments describes the computed topology, for people and kgctl-like
 	// output.
 	Segments []SegmentInfo `json:"segments"`
@@ -510,4 +547,8 @@ const (
 	// provider, a file path), or is not a kubeconfig; the cluster is not
 	// connected (docs/security.md#kubeconfig).
 	ReasonUnsafeKubeconfig Reason = "UnsafeKubeconfig"
+	// ReasonInvalidCNIConfig: the CNI configuration list (kg's --cni-path)
+	// cannot be read or is not one meshlet can write the pod CIDR into;
+	// it is left as it is.
+	ReasonInvalidCNIConfig Reason = "InvalidCNIConfig"
 )

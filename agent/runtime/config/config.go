@@ -65,7 +65,33 @@ type Config struct {
 	// InsecureKubeconfigExec lets remote kubeconfigs run exec credential
 	// plugins (docs/security.md#kubeconfig); off, they are refused.
 	InsecureKubeconfigExec bool
-	// CleanUp is not a kg flag: meshlet never removes the data plane on exit.
+
+	// kg's flags that meshlet run has too (docs/dropin.md#flags), with
+	// meshlet's defaults there and kg's in kg mode (KgDefaults).
+	//
+	// Backend is kg's --backend: only "kubernetes" exists.
+	Backend string
+	// CNI: manage the node's CNI configuration (Kilo as CNI): the pod
+	// CIDR in CNIPath's IPAM, the bridge's NAT.
+	CNI     bool
+	CNIPath string
+	// CleanUp: on exit, remove what the agent set up when the node is
+	// left (an uninstall), not when a new agent follows (a rolling update);
+	// CleanUpInterface also removes the WireGuard interface then
+	// (docs/dropin.md#clean-up).
+	CleanUp, CleanUpInterface bool
+	// CreateInterface false: another process runs the WireGuard device
+	// (kg's userspace manifests: wireguard-go in a sidecar).
+	CreateInterface bool
+	// Master is the API server's address, over the kubeconfig's.
+	Master string
+	// PrioritisePrivateAddresses: advertise the private IP as the endpoint.
+	PrioritisePrivateAddresses bool
+	// IptablesForwardRules: ACCEPT rules in FORWARD for the pod subnets
+	// (with CNI only, as kg).
+	IptablesForwardRules bool
+	// PrintVersion is kg's --version.
+	PrintVersion bool
 
 	parsed parsed
 }
@@ -104,12 +130,15 @@ func (c *Config) RegisterTopology(fs *pflag.FlagSet) {
 	if fs.Lookup("local") == nil {
 		fs.BoolVar(&c.Local, "local", true, "route traffic inside a location (false when the CNI does it, e.g. Cilium)")
 	}
-	fs.StringVar(&c.Compatibility, "compatibility", "", `CNI compatibility: "" or cilium`)
+	fs.StringVar(&c.Compatibility, "compatibility", "", `CNI compatibility: "", cilium or flannel`)
 	fs.StringVar(&c.Encapsulate, "encapsulate", "always", "IPIP encapsulation inside a location: never, crosssubnet or always")
 	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface: a number or auto (underlay MTU − 80)")
 	fs.Var(&c.InternalCIDRs, "internal-cidr", "CIDRs the private IP is discovered in, as kg's flag (repeatable or comma-separated; default: any)")
 	fs.StringVar(&c.PrivateIP, "private-ip", "", "this node's private IP with its mask, instead of discovering it (e.g. 192.168.1.10/24)")
 	fs.Var(&c.ServiceCIDRs, "service-cidr", "service CIDR, not masqueraded (repeatable or comma-separated)")
+	fs.BoolVar(&c.CNI, "cni", false, "manage the node's CNI configuration (Kilo as the CNI: the pod CIDR in --cni-path's IPAM, NAT for the pod subnet)")
+	fs.BoolVar(&c.IptablesForwardRules, "iptables-forward-rules", false, "with --cni, add ACCEPT rules to FORWARD for the pod subnets (kg's)")
+	fs.BoolVar(&c.PrioritisePrivateAddresses, "prioritise-private-addresses", false, "advertise the private IP as the node's endpoint")
 }
 
 // RegisterAgent registers the flags only the agent uses.
@@ -123,7 +152,7 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.WireGuardMode, "wireguard", "auto", "WireGuard implementation: kernel, userspace or auto")
 	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export other exporters' series: "" or a comma-separated list of wireguard-exporter (prometheus_wireguard_exporter) and kilo (kg's kilo_*)`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "all, debug, info, warn, error or none")
 	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster, elected with a Lease; never over another manager's status)")
 	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
 	fs.BoolVar(&c.LeaderElection, "leader-election", true, "elect each location's leader with a Lease where every node of it runs meshlet: failover in seconds, a degraded leader steps aside (false: Kilo's rule alone)")
@@ -131,6 +160,44 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LeaseRenew, "leader-lease-renew", time.Second, "how often a location's leader renews its Lease")
 	fs.BoolVar(&c.InsecureKubeconfigExec, "insecure-kubeconfig-exec", false, "let remote clusters' kubeconfig Secrets run exec credential plugins (the command runs as root on every segment leader; default: such kubeconfigs are refused, as are auth providers and file paths)")
 	fs.DurationVar(&c.HealthProbeInterval, "health-probe-interval", time.Second, "how often leaders probe their tunnels to the other leaders and nodes their underlay gateway (0: never, and no step-aside for health)")
+}
+
+// RegisterKg registers the rest of kg's agent flags (kg 0.7's command
+// line; docs/dropin.md#flags), with meshlet run's defaults.
+func (c *Config) RegisterKg(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Backend, "backend", "kubernetes", "the backend for the mesh (kg's): kubernetes")
+	fs.StringVar(&c.CNIPath, "cni-path", "/etc/cni/net.d/10-kilo.conflist", "the CNI configuration list --cni manages")
+	fs.BoolVar(&c.CleanUp, "clean-up", false, "on exit, remove the routes, rules, chains and annotations meshlet set up when the node is left (uninstall), not when a new agent follows (rolling update)")
+	fs.BoolVar(&c.CleanUpInterface, "clean-up-interface", false, "with --clean-up, also delete the WireGuard interface when the node is left")
+	fs.BoolVar(&c.CreateInterface, "create-interface", true, "create the WireGuard interface (false: another process runs it, e.g. wireguard-go in a sidecar)")
+	fs.StringVar(&c.Master, "master", "", "the API server's address (overrides the kubeconfig's)")
+	fs.BoolVar(&c.PrintVersion, "version", false, "print the version and exit")
+}
+
+// KgDefaults are kg's defaults where they differ from meshlet run's: the
+// image in Kilo's own DaemonSet runs with kg's command line, so a flag
+// the manifest leaves out means what it means to kg.
+var KgDefaults = map[string]string{
+	"cni":            "true",
+	"clean-up":       "true",
+	"key-file":       "/var/lib/kilo/key",
+	"metrics-compat": "kilo",
+}
+
+// SetDefaults replaces registered flags' defaults (the value and what
+// --help shows).
+func SetDefaults(fs *pflag.FlagSet, defaults map[string]string) error {
+	for name, v := range defaults {
+		f := fs.Lookup(name)
+		if f == nil {
+			return fmt.Errorf("no flag --%s", name)
+		}
+		if err := f.Value.Set(v); err != nil {
+			return fmt.Errorf("default of --%s: %w", name, err)
+		}
+		f.DefValue = v
+	}
+	return nil
 }
 
 // Validate checks every flag and returns all problems at once.
@@ -156,9 +223,18 @@ func (c *Config) Validate() error {
 		bad("mesh-granularity", "%q must be location, full or cross", c.Granularity)
 	}
 	switch topology.Compatibility(c.Compatibility) {
-	case topology.CompatibilityNone, topology.CompatibilityCilium:
+	case topology.CompatibilityNone, topology.CompatibilityCilium, topology.CompatibilityFlannel:
 	default:
-		bad("compatibility", `%q must be "" or cilium`, c.Compatibility)
+		bad("compatibility", `%q must be "", cilium or flannel`, c.Compatibility)
+	}
+	if c.Backend != "" && c.Backend != "kubernetes" {
+		bad("backend", "%q: meshlet has only kg's kubernetes backend", c.Backend)
+	}
+	if c.CNI && c.CNIPath == "" {
+		bad("cni-path", "must name the CNI configuration list --cni manages")
+	}
+	if c.CleanUpInterface && !c.CleanUp {
+		bad("clean-up-interface", "needs --clean-up (as kg: the interface goes with the rest)")
 	}
 	switch topology.Encapsulate(c.Encapsulate) {
 	case topology.EncapsulateNever, topology.EncapsulateCrossSubnet, topology.EncapsulateAlways:
@@ -223,9 +299,9 @@ func (c *Config) Validate() error {
 		bad("metrics-compat", `%v: must be "" or a comma-separated list of wireguard-exporter and kilo`, err)
 	}
 	switch c.LogLevel {
-	case "", "debug", "info", "warn", "error":
+	case "", "all", "debug", "info", "warn", "error", "none":
 	default:
-		bad("log-level", "%q must be debug, info, warn or error", c.LogLevel)
+		bad("log-level", "%q must be all, debug, info, warn, error or none", c.LogLevel)
 	}
 	return errors.Join(errs...)
 }
@@ -233,19 +309,22 @@ func (c *Config) Validate() error {
 // Settings returns the planner's settings. Call Validate first.
 func (c *Config) Settings() topology.Settings {
 	return topology.Settings{
-		Interface:     c.Interface,
-		Granularity:   topology.Granularity(c.Granularity),
-		Subnet:        c.parsed.subnet,
-		Port:          c.Port,
-		Encapsulate:   topology.Encapsulate(c.Encapsulate),
-		Local:         c.Local,
-		Compatibility: topology.Compatibility(c.Compatibility),
-		TopologyLabel: c.TopologyLabel,
-		ServiceCIDRs:  c.parsed.services,
-		ClusterName:   c.ClusterName,
-		MTU:           c.parsed.mtu,
-		PrivateIP:     c.parsed.private,
-		InternalCIDRs: c.parsed.internals,
-		HealthProbes:  c.HealthProbeInterval > 0,
+		Interface:       c.Interface,
+		Granularity:     topology.Granularity(c.Granularity),
+		Subnet:          c.parsed.subnet,
+		Port:            c.Port,
+		Encapsulate:     topology.Encapsulate(c.Encapsulate),
+		Local:           c.Local,
+		Compatibility:   topology.Compatibility(c.Compatibility),
+		TopologyLabel:   c.TopologyLabel,
+		ServiceCIDRs:    c.parsed.services,
+		ClusterName:     c.ClusterName,
+		MTU:             c.parsed.mtu,
+		PrivateIP:       c.parsed.private,
+		InternalCIDRs:   c.parsed.internals,
+		HealthProbes:    c.HealthProbeInterval > 0,
+		CNI:             c.CNI,
+		ForwardRules:    c.CNI && c.IptablesForwardRules,
+		PrivateEndpoint: c.PrioritisePrivateAddresses,
 	}
 }

@@ -15,6 +15,7 @@ func parse(t *testing.T, args ...string) (*Config, error) {
 	fs.SetOutput(io.Discard)
 	c.RegisterTopology(fs)
 	c.RegisterAgent(fs)
+	c.RegisterKg(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -55,7 +56,11 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--subnet=10.4.0.0"}, "--subnet"},
 		{[]string{"--subnet=fd00::/64"}, "--subnet"},
 		{[]string{"--mesh-granularity=region"}, "--mesh-granularity"},
-		{[]string{"--compatibility=flannel"}, "--compatibility"},
+		{[]string{"--compatibility=calico"}, "--compatibility"},
+		{[]string{"--backend=etcd"}, "--backend"},
+		{[]string{"--cni", "--cni-path="}, "--cni-path"},
+		{[]string{"--clean-up-interface"}, "--clean-up-interface"},
+		{[]string{"--log-level=verbose"}, "--log-level"},
 		{[]string{"--encapsulate=sometimes"}, "--encapsulate"},
 		{[]string{"--mtu=9"}, "--mtu"},
 		{[]string{"--internal-cidr=nope"}, "--internal-cidr"},

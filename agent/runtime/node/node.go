@@ -7,10 +7,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cni"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
@@ -35,18 +37,33 @@ func (w *WireGuard) InitiateHandshakes(ctx context.Context) (int, error) {
 // Stats reads the device (metrics at scrape time).
 func (w *WireGuard) Stats(ctx context.Context) (wg.DeviceStats, error) { return w.Manager.Stats(ctx) }
 
-// Host applies links, routes, rules, tunnel and iptables through netlinkx.
+// Host applies links, routes, rules, tunnel and iptables through netlinkx,
+// and where Kilo is the CNI the CNI configuration list's range.
 type Host struct {
 	Host *netlinkx.Host
+	CNI  *cni.File // nil without --cni
 }
 
 // Apply implements reconcile.Host.
 func (h *Host) Apply(ctx context.Context, plan topology.Plan) (reconcile.Changes, error) {
 	r, err := h.Host.Apply(ctx, HostSpec(plan))
+	counts := r.Counts()
 	if err != nil {
-		return r.Counts(), fmt.Errorf("host network: %w", err)
+		if errors.Is(err, netlinkx.ErrTunnelMissing) && plan.Tunnel.Name == topology.TunnelFlannel {
+			err = fmt.Errorf("%w (flannel creates flannel.1 with its vxlan backend: is flannel running on this node?)", err)
+		}
+		return counts, fmt.Errorf("host network: %w", err)
 	}
-	return r.Counts(), nil
+	if h.CNI != nil && plan.CNISubnet.IsValid() {
+		changed, err := h.CNI.Write(plan.CNISubnet)
+		if err != nil {
+			return counts, fmt.Errorf("CNI configuration: %w", err)
+		}
+		if changed {
+			counts["cni"]++
+		}
+	}
+	return counts, nil
 }
 
 // Facts observes this node for the planner.
@@ -57,11 +74,14 @@ type Facts struct {
 	// HostnameAddrs are the addresses the node's hostname resolves to
 	// (resolved once at start, as kg does).
 	HostnameAddrs []netip.Addr
+	// CNI is Kilo's CNI configuration list (nil without --cni).
+	CNI *cni.File
 }
 
 // notHost are interfaces whose addresses are not the host's own: the
-// tunnels and Cilium's devices (the WireGuard interface is added to them).
-var notHost = []string{topology.TunnelCilium, topology.TunnelIPIP, "cilium_host", "cilium_net"}
+// tunnels, Cilium's devices and the bridge of Kilo as the CNI (kg ignores
+// the same; the WireGuard interface is added to them).
+var notHost = []string{topology.TunnelCilium, topology.TunnelIPIP, topology.TunnelFlannel, "cilium_host", "cilium_net", "kube-bridge"}
 
 // Self implements reconcile.SelfSource.
 func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
@@ -97,6 +117,13 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 		self.Device[i] = topology.DevicePeer{
 			PublicKey: topology.Key(p.PublicKey), Endpoint: p.Endpoint, Handshake: !p.LastHandshake.IsZero(),
 			AllowedIPs: p.AllowedIPs, PersistentKeepalive: int(p.PersistentKeepalive.Seconds()),
+		}
+	}
+	if f.CNI != nil {
+		st, err := f.CNI.Read()
+		self.CNI = topology.CNIState{Subnet: st.Subnet}
+		if err != nil {
+			self.CNI.Err = err.Error()
 		}
 	}
 	return self, nil

@@ -38,7 +38,7 @@ func HostSpec(p topology.Plan) netlinkx.Spec {
 		Tunnel:   netlinkx.Tunnel(p.Tunnel),
 		Routes:   make([]netlinkx.Route, len(p.Routes)),
 		Rules:    make([]netlinkx.Rule, len(p.Rules)),
-		Firewall: netlinkx.Firewall{NAT: netlinkx.NAT(p.NAT)},
+		Firewall: netlinkx.Firewall{NAT: netlinkx.NAT(p.NAT), Forward: p.Forward},
 	}
 	for i, r := range p.Routes {
 		s.Routes[i] = netlinkx.Route(r)

@@ -1,0 +1,143 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/grants"
+	"github.com/meshlet/meshlet/netlinkx"
+)
+
+// When the agent stops with kg's --clean-up (docs/dropin.md#clean-up),
+// kg removes everything it set up, so a rolling update of its DaemonSet
+// cuts traffic until the new pod is up. meshlet removes it only when the
+// node is left: its DaemonSet is gone, or no longer runs on this node.
+// When a new agent follows (a rolling update, a restart), everything stays
+// and traffic flows on.
+
+// Leaving reports whether the node is left, and why.
+func (a *Agent) Leaving(ctx context.Context) (bool, string) {
+	if a.opts.Grants.On(grants.Lifecycle) {
+		leaving, why, err := a.daemonSetLeaves(ctx)
+		if err == nil {
+			return leaving, why
+		}
+		a.opts.Log.Warn("could not read this agent's DaemonSet; judging from what else the API says", "error", err)
+	}
+	// kg's grants alone: the signs of an uninstall the agent can see.
+	r, err := a.client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}}},
+		metav1.CreateOptions{})
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return true, "its credentials are gone (ServiceAccount deleted)"
+	case err == nil && !r.Status.Allowed:
+		return true, "its RBAC is gone"
+	}
+	if _, err := a.client.Discovery().ServerResourcesForGroupVersion("kilo.squat.ai/v1alpha1"); apierrors.IsNotFound(err) {
+		return true, "Kilo's Peer CRD is gone"
+	}
+	return false, "no sign of an uninstall (grant list on pods and get on daemonsets to tell for sure: docs/dropin.md#grants)"
+}
+
+// daemonSetLeaves finds this agent's pod on this node (by its
+// ServiceAccount) and the DaemonSet that owns it.
+func (a *Agent) daemonSetLeaves(ctx context.Context) (bool, string, error) {
+	ssr, err := a.client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return false, "", fmt.Errorf("who am I: %w", err)
+	}
+	parts := strings.Split(ssr.Status.UserInfo.Username, ":") // system:serviceaccount:NS:NAME
+	if len(parts) != 4 || parts[1] != "serviceaccount" {
+		return false, "", fmt.Errorf("%q is not a ServiceAccount", ssr.Status.UserInfo.Username)
+	}
+	ns, sa := parts[2], parts[3]
+	pods, err := a.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", a.opts.Node).String()})
+	if err != nil {
+		return false, "", err
+	}
+	var owner *metav1.OwnerReference
+	for _, p := range pods.Items {
+		if p.Spec.ServiceAccountName != sa {
+			continue
+		}
+		for _, o := range p.OwnerReferences {
+			if o.Kind == "DaemonSet" && o.Controller != nil && *o.Controller {
+				owner = &o
+			}
+		}
+	}
+	if owner == nil {
+		return false, "", errors.New("no pod of a DaemonSet with this agent's ServiceAccount on this node")
+	}
+	ds, err := a.client.AppsV1().DaemonSets(ns).Get(ctx, owner.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && ds.UID != owner.UID:
+		return true, "its DaemonSet " + ns + "/" + owner.Name + " is gone", nil
+	case err != nil:
+		return false, "", err
+	case ds.DeletionTimestamp != nil:
+		return true, "its DaemonSet " + ns + "/" + owner.Name + " is being deleted", nil
+	}
+	// The whole Node (the informer keeps only what meshlet reads), by a
+	// list: kg's grants have no get on nodes.
+	nodes, err := a.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", a.opts.Node).String()})
+	if err != nil {
+		return false, "", fmt.Errorf("reading this node: %w", err)
+	}
+	if len(nodes.Items) != 1 {
+		return false, "", fmt.Errorf("node %s not found", a.opts.Node)
+	}
+	tmpl := &corev1.Pod{Spec: ds.Spec.Template.Spec}
+	if ok, err := nodeaffinity.GetRequiredNodeAffinity(tmpl).Match(&nodes.Items[0]); err == nil && !ok {
+		return true, "its DaemonSet " + ns + "/" + owner.Name + " no longer runs on this node", nil
+	}
+	return false, "its DaemonSet " + ns + "/" + owner.Name + " starts a new agent here", nil
+}
+
+// departedAnnotations are what the agent writes on its Node and removes
+// when the node is left: kg's own set (its graceful exit removes the same)
+// and meshlet's marks.
+var departedAnnotations = []string{
+	topology.AnnotationEndpoint, topology.AnnotationInternalIP, topology.AnnotationKey, topology.AnnotationLastSeen,
+	topology.AnnotationWireGuardIP, topology.AnnotationDiscoveredEndpoints, topology.AnnotationGranularity,
+	topology.AnnotationCNICompatibilityIP, topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationDegraded,
+}
+
+// Depart removes what the agent set up on a node that is left: its routes,
+// rules and chains (and the WireGuard interface with deleteInterface), and
+// its annotations, meshlet's leader mark among them.
+func (a *Agent) Depart(ctx context.Context, host *netlinkx.Host, deleteInterface bool) error {
+	var errs []error
+	if err := host.Cleanup(ctx, netlinkx.CleanupOptions{Interface: a.opts.Config.Interface, DeleteInterface: deleteInterface}); err != nil {
+		errs = append(errs, err)
+	}
+	remove := map[string]any{}
+	for _, k := range departedAnnotations {
+		remove[k] = nil
+	}
+	if n := a.Local.SelfNode(); n != nil && n.Annotations[topology.AnnotationLeader] == topology.LeaderLeaseValue {
+		remove[topology.AnnotationLeader] = nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": remove}})
+	if err == nil {
+		_, err = a.client.CoreV1().Nodes().Patch(ctx, a.opts.Node, types.MergePatchType, patch, metav1.PatchOptions{})
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("removing this node's annotations: %w", err))
+	}
+	return errors.Join(errs...)
+}
