@@ -77,9 +77,11 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	// Only the Secrets named, only while leading (SecretWatch).
 	rs.Secrets.Want(names)
 	secretErrs := map[string]error{}
+	missing := map[string]bool{}
 	for cluster, k := range refs {
 		data, synced, ok, err := rs.Secrets.Data(k.Name, k.Key)
 		secretErrs[cluster] = err
+		missing[cluster] = synced && !ok && err == nil
 		if !ok && err == nil {
 			if synced && !rs.missing[cluster] {
 				rs.log().Warn("kubeconfig secret missing", "cluster", k.Cluster, "secret", k.Namespace+"/"+k.Name, "key", k.Key)
@@ -105,7 +107,7 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 			rs.watchers[name] = w
 		}
 		w.mu.Lock()
-		w.ref, w.secretErr = refs[name], secretErrs[name]
+		w.ref, w.secretErr, w.secretMissing = refs[name], secretErrs[name], missing[name]
 		w.mu.Unlock()
 		if data == nil {
 			continue // keep what we have until the Secret exists again
@@ -186,8 +188,10 @@ type remote struct {
 	lastReady  time.Time // last time the API answered
 	connectErr error
 	secretErr  error // the kubeconfig Secret cannot be read (no grant)
-	lastErr    error // the last watch or probe failure, until the API answers again
-	skewWarned bool  // the clock skew warning is in force
+	// secretMissing: the Secret (or its key) is known not to exist.
+	secretMissing bool
+	lastErr       error // the last watch or probe failure, until the API answers again
+	skewWarned    bool  // the clock skew warning is in force
 }
 
 // RemoteStatus is one remote cluster's watcher as `meshlet status` and the
@@ -222,8 +226,10 @@ func (rs *Remotes) Status() []RemoteStatus {
 			st.Error = w.secretErr.Error()
 		case w.connectErr != nil:
 			st.Error = "kubeconfig unusable: " + w.connectErr.Error()
-		case w.hash == ([32]byte{}):
+		case w.hash == ([32]byte{}) && w.secretMissing:
 			st.Error = "kubeconfig Secret missing"
+		case w.hash == ([32]byte{}):
+			st.Error = "kubeconfig Secret not read yet"
 		case w.lastErr != nil && !w.ready:
 			st.Error = w.lastErr.Error()
 		}

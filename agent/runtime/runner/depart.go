@@ -117,10 +117,15 @@ var departedAnnotations = []string{
 	topology.AnnotationCNICompatibilityIP, topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationDegraded,
 }
 
+// Cleaner removes meshlet's host state (*netlinkx.Host is one).
+type Cleaner interface {
+	Cleanup(ctx context.Context, opts netlinkx.CleanupOptions) error
+}
+
 // Depart removes what the agent set up on a node that is left: its routes,
 // rules and chains (and the WireGuard interface with deleteInterface), and
 // its annotations, meshlet's leader mark among them.
-func (a *Agent) Depart(ctx context.Context, host *netlinkx.Host, deleteInterface bool) error {
+func (a *Agent) Depart(ctx context.Context, host Cleaner, deleteInterface bool) error {
 	var errs []error
 	if err := host.Cleanup(ctx, netlinkx.CleanupOptions{Interface: a.opts.Config.Interface, DeleteInterface: deleteInterface}); err != nil {
 		errs = append(errs, err)

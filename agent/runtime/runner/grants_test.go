@@ -193,18 +193,7 @@ type briefRun struct {
 // start), and a little longer when the Secret's fate is to be seen.
 func runAgentBriefly(t *testing.T, ctx context.Context, cfg *rest.Config, waitRemote bool) briefRun {
 	t.Helper()
-	var c config.Config
-	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
-	c.RegisterTopology(fs)
-	c.RegisterAgent(fs)
-	c.Namespace, c.Local, c.TopologyLabel = "kilo-system", true, "topology.kubernetes.io/region"
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := runner.New(runner.Options{Config: c, Node: "a-1", RestConfig: cfg, WireGuard: newFakeWG(), Host: fakeHost{},
-		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
-			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	a, err := tryAgent(t, cfg)
 	if err != nil {
 		return briefRun{err: err}
 	}
@@ -217,12 +206,39 @@ func runAgentBriefly(t *testing.T, ctx context.Context, cfg *rest.Config, waitRe
 	for time.Now().Before(deadline) {
 		out.ready = a.Loop.Ready()
 		out.status = a.Status(ctx)
-		if out.ready && (!waitRemote || (len(out.status.Remotes) > 0 && out.status.Remotes[0].Error != "")) {
+		if out.ready && (!waitRemote || (len(out.status.Remotes) > 0 && out.status.Remotes[0].Error != "" && out.status.Remotes[0].Error != "kubeconfig Secret not read yet")) {
 			break
 		}
 		waitTick()
 	}
 	return out
+}
+
+// tryAgent assembles an agent for node a-1 of grantsCluster with a fake
+// data plane.
+func tryAgent(t *testing.T, cfg *rest.Config) (*runner.Agent, error) {
+	t.Helper()
+	var c config.Config
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	c.RegisterTopology(fs)
+	c.RegisterAgent(fs)
+	c.Namespace, c.Local, c.TopologyLabel = "kilo-system", true, "topology.kubernetes.io/region"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return runner.New(runner.Options{Config: c, Node: "a-1", RestConfig: cfg, WireGuard: newFakeWG(), Host: fakeHost{},
+		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
+			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+}
+
+func newAgent(t *testing.T, cfg *rest.Config) *runner.Agent {
+	t.Helper()
+	a, err := tryAgent(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
 
 func describe(want string, out briefRun) string {
