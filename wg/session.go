@@ -29,7 +29,11 @@ type SessionPolicy struct {
 	// ProbeTimeout: nothing received this long after the probe → re-establish.
 	ProbeTimeout time.Duration
 	// MinBackoff, MaxBackoff bound how often one peer is re-established
-	// while nothing is received from it (a peer that is really gone).
+	// while nothing is received from it between repairs (a peer that is
+	// really gone); a peer that answers after a repair resets it. So the
+	// repair traffic is one handshake per session the peer forgets (a kg
+	// rewrite), and for a silent peer one per MinBackoff doubling up to
+	// MaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
 }
 
@@ -87,11 +91,13 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 		st.unanswered, st.probed = time.Time{}, time.Time{}
 		return st, sessionOK
 	case s.rx > prev.rx || !s.handshake.Equal(prev.handshake):
-		// Heard from the peer: the session works.
+		// Heard from the peer: the session works — and if it was just
+		// re-established, the repair worked, so the next one is not held
+		// back (a kg that rewrites its device every few seconds costs one
+		// repair per rewrite; only a peer that stays silent after repairs
+		// is backed off).
 		st.unanswered, st.probed = time.Time{}, time.Time{}
-		if now.Sub(st.repairedAt) > 2*pol.MaxBackoff {
-			st.backoff = 0
-		}
+		st.backoff = 0
 		return st, sessionOK
 	case s.tx > prev.tx && st.unanswered.IsZero():
 		// Sent since the previous reading, nothing back: the first such

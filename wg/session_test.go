@@ -117,6 +117,48 @@ func TestAssessSessionBackoff(t *testing.T) {
 	}
 }
 
+// TestAssessSessionRepairWorks: a kg peer that forgets the session every
+// 3 s (a kg rewriting its device on every change) is repaired after each
+// rewrite, 500 ms after it, because every repair worked (the peer answered
+// the new session): no back-off is earned, unlike a silent peer's.
+func TestAssessSessionRepairWorks(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	hs := t0
+	var st sessionState
+	var repairs []time.Duration
+	rx, tx := int64(50), int64(100)
+	dead := true // the session the peer forgot
+	lastRewrite := time.Duration(0)
+	for ms := 0; ms <= 12_000; ms += 100 {
+		at := time.Duration(ms) * time.Millisecond
+		now := t0.Add(at)
+		if at-lastRewrite >= 3*time.Second {
+			dead, lastRewrite = true, at // kg rewrites again
+		}
+		tx += 10
+		if !dead {
+			rx += 10
+		}
+		var act sessionAction
+		st, act = assessSession(st, sessionSample{rx: rx, tx: tx, handshake: hs}, now, DefaultSessionPolicy)
+		if act == sessionRepair {
+			repairs = append(repairs, at)
+			dead, hs = false, now // the fresh handshake the repair starts is answered
+		}
+	}
+	// Answered until the sample before each rewrite, so detected 500 ms
+	// after that sample.
+	want := []time.Duration{500 * time.Millisecond, 3400 * time.Millisecond, 6400 * time.Millisecond, 9400 * time.Millisecond}
+	if len(repairs) != len(want) {
+		t.Fatalf("repairs at %v, want %v", repairs, want)
+	}
+	for i := range want {
+		if repairs[i] != want[i] {
+			t.Fatalf("repairs at %v, want %v", repairs, want)
+		}
+	}
+}
+
 // TestWatchRepairsHalfDeadSession: on the device, a kg peer (SessionProbe
 // set) whose traffic goes unanswered is probed, then removed and added back
 // in one configuration, keeping the endpoint it is at; a meshlet peer in the
