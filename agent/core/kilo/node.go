@@ -90,6 +90,14 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	if n.LastSeen, err = ParseLastSeen(a[topology.AnnotationLastSeen]); err != nil {
 		reject(topology.AnnotationLastSeen, topology.ReasonInvalidAnnotation, err)
 	}
+	// meshlet's marks count while meshlet wrote the node's last-seen; a
+	// meshlet older than meshlet.io/seen leaves it out and is trusted.
+	if s, ok := a[topology.AnnotationSeen]; ok && n.MeshletVersion != "" {
+		if seen, err := ParseLastSeen(s); err != nil || n.LastSeen.After(seen) {
+			n.MarksStale = true
+			n.MeshletVersion, n.Tunnels, n.Degraded = "", "", ""
+		}
+	}
 	if n.PersistentKeepalive, err = ParsePersistentKeepalive(a[topology.AnnotationPersistentKeepalive]); err != nil {
 		reject(topology.AnnotationPersistentKeepalive, topology.ReasonInvalidAnnotation, err)
 	}

@@ -365,3 +365,38 @@ func TestTransformNode(t *testing.T) {
 		t.Fatal("non-Node not passed through")
 	}
 }
+
+// TestMeshletMarksLiveness: meshlet's marks (version, tunnels, degraded)
+// count while the node's last-seen is meshlet's own (meshlet.io/seen); a
+// last-seen refreshed after it (kg runs the node again) makes them stale,
+// and the node is a kg node. Without meshlet.io/seen (a meshlet before it)
+// the marks are trusted.
+func TestMeshletMarksLiveness(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		seen      string // "" = absent
+		lastSeen  string
+		wantMesh  bool
+		wantStale bool
+	}{
+		{"meshlet wrote last-seen", "1800000000", "1800000000", true, false},
+		{"kg refreshed last-seen since", "1800000000", "1800000030", false, true},
+		{"seen unparsable", "soon", "1800000000", false, true},
+		{"no seen: an older meshlet", "", "1800000000", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ann := map[string]string{topology.AnnotationVersion: "v1", topology.AnnotationTunnels: topology.TunnelsUp,
+				topology.AnnotationDegraded: "WireGuardDegraded", topology.AnnotationLastSeen: tc.lastSeen}
+			if tc.seen != "" {
+				ann[topology.AnnotationSeen] = tc.seen
+			}
+			n := ConvertNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: ann}}, "").Node
+			if (n.MeshletVersion != "") != tc.wantMesh || n.MarksStale != tc.wantStale {
+				t.Fatalf("version %q, stale %v; want meshlet %v, stale %v", n.MeshletVersion, n.MarksStale, tc.wantMesh, tc.wantStale)
+			}
+			if tc.wantStale && (n.Tunnels != "" || n.Degraded != "") {
+				t.Errorf("stale marks kept: tunnels %q, degraded %q", n.Tunnels, n.Degraded)
+			}
+		})
+	}
+}

@@ -47,6 +47,11 @@ const (
 	// AnnotationDegraded: why a node may not lead now (a Reason*), "" when
 	// it may.
 	AnnotationDegraded = "meshlet.io/degraded"
+	// AnnotationSeen is the last-seen meshlet wrote, written with it: a
+	// node whose last-seen is newer was refreshed by someone else (kg took
+	// the node back), so meshlet's marks on it are stale and it runs kg
+	// (docs/kilo-compatibility.md#mixed).
+	AnnotationSeen = "meshlet.io/seen"
 
 	// LeaderLeaseValue is the value of the leader annotation meshlet writes
 	// on the holder of a location's Lease; Kilo looks only at the

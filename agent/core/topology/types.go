@@ -202,8 +202,13 @@ type Node struct {
 	// topology ignores it (readiness is annotations + last-seen), so the
 	// planner does too, to agree with kg nodes; it is kept for display.
 	Ready bool
-	// MeshletVersion is meshlet.io/version: "" means the node runs kg.
+	// MeshletVersion is meshlet.io/version: "" means the node runs kg —
+	// also when the version is there but stale (MarksStale).
 	MeshletVersion string
+	// MarksStale: the node carries meshlet's marks (version, tunnels,
+	// degraded) but its last-seen was refreshed after meshlet's last write
+	// (meshlet.io/seen): it runs kg now, and the marks are ignored.
+	MarksStale bool
 	// MalformedEndpoint is set when the endpoint other clusters would use is
 	// malformed: the first present source of the remote endpoint chain
 	// (clustermesh-endpoint → force-endpoint → ExternalIP → endpoint,

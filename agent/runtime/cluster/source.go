@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -83,12 +84,13 @@ func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, 
 
 // AnnotationDiff returns the annotations to patch: every value that
 // differs, plus last-seen when anything is patched or the published one is
-// older than refresh.
+// older than refresh — and with last-seen always meshlet.io/seen, its
+// copy, which tells meshlet's last-seen from kg's.
 func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, refresh time.Duration) map[string]string {
 	have := cur.Annotations
 	diff := map[string]string{}
 	for k, v := range want {
-		if k == topology.AnnotationLastSeen {
+		if k == topology.AnnotationLastSeen || k == topology.AnnotationSeen {
 			continue
 		}
 		if old, ok := have[k]; !ok || old != v {
@@ -101,8 +103,47 @@ func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, ref
 			stale = false
 		}
 	}
+	if have[topology.AnnotationSeen] != have[topology.AnnotationLastSeen] {
+		stale = true // someone else wrote last-seen: this node's marks look stale to others
+	}
 	if ls, ok := want[topology.AnnotationLastSeen]; ok && (stale || len(diff) > 0) {
 		diff[topology.AnnotationLastSeen] = ls
+		diff[topology.AnnotationSeen] = ls
 	}
 	return diff
+}
+
+// published are the annotations the agent writes on its Node, removed when
+// it leaves the node (Unpublish): kg's own set (its graceful exit removes
+// the same) and meshlet's marks.
+var published = []string{
+	topology.AnnotationEndpoint, topology.AnnotationInternalIP, topology.AnnotationKey, topology.AnnotationLastSeen,
+	topology.AnnotationWireGuardIP, topology.AnnotationDiscoveredEndpoints, topology.AnnotationGranularity,
+	topology.AnnotationCNICompatibilityIP, topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationDegraded,
+	topology.AnnotationSeen,
+}
+
+// Unpublish removes what the agent published on node: its annotations,
+// and the leader annotation when it is meshlet's mark (a user's stays). It
+// lists the node by name: kg's grants have no get on nodes.
+func Unpublish(ctx context.Context, client kubernetes.Interface, node string) error {
+	remove := map[string]any{}
+	for _, k := range published {
+		remove[k] = nil
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", node, err)
+	}
+	if len(nodes.Items) == 1 && nodes.Items[0].Annotations[topology.AnnotationLeader] == topology.LeaderLeaseValue {
+		remove[topology.AnnotationLeader] = nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": remove}})
+	if err != nil {
+		return err
+	}
+	if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("removing node %s's annotations: %w", node, err)
+	}
+	return nil
 }

@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,10 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
-	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/grants"
 	"github.com/meshlet/meshlet/netlinkx"
 )
@@ -108,15 +106,6 @@ func (a *Agent) daemonSetLeaves(ctx context.Context) (bool, string, error) {
 	return false, "its DaemonSet " + ns + "/" + owner.Name + " starts a new agent here", nil
 }
 
-// departedAnnotations are what the agent writes on its Node and removes
-// when the node is left: kg's own set (its graceful exit removes the same)
-// and meshlet's marks.
-var departedAnnotations = []string{
-	topology.AnnotationEndpoint, topology.AnnotationInternalIP, topology.AnnotationKey, topology.AnnotationLastSeen,
-	topology.AnnotationWireGuardIP, topology.AnnotationDiscoveredEndpoints, topology.AnnotationGranularity,
-	topology.AnnotationCNICompatibilityIP, topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationDegraded,
-}
-
 // Cleaner removes meshlet's host state (*netlinkx.Host is one).
 type Cleaner interface {
 	Cleanup(ctx context.Context, opts netlinkx.CleanupOptions) error
@@ -130,19 +119,8 @@ func (a *Agent) Depart(ctx context.Context, host Cleaner, deleteInterface bool) 
 	if err := host.Cleanup(ctx, netlinkx.CleanupOptions{Interface: a.opts.Config.Interface, DeleteInterface: deleteInterface}); err != nil {
 		errs = append(errs, err)
 	}
-	remove := map[string]any{}
-	for _, k := range departedAnnotations {
-		remove[k] = nil
-	}
-	if n := a.Local.SelfNode(); n != nil && n.Annotations[topology.AnnotationLeader] == topology.LeaderLeaseValue {
-		remove[topology.AnnotationLeader] = nil
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": remove}})
-	if err == nil {
-		_, err = a.client.CoreV1().Nodes().Patch(ctx, a.opts.Node, types.MergePatchType, patch, metav1.PatchOptions{})
-	}
-	if err != nil {
-		errs = append(errs, fmt.Errorf("removing this node's annotations: %w", err))
+	if err := cluster.Unpublish(ctx, a.client, a.opts.Node); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
