@@ -68,13 +68,14 @@ func (a *Agent) daemonSetLeaves(ctx context.Context) (bool, string, error) {
 		return false, "", err
 	}
 	var owner *metav1.OwnerReference
-	for _, p := range pods.Items {
+	var mine *corev1.Pod
+	for i, p := range pods.Items {
 		if p.Spec.ServiceAccountName != sa {
 			continue
 		}
 		for _, o := range p.OwnerReferences {
 			if o.Kind == "DaemonSet" && o.Controller != nil && *o.Controller {
-				owner = &o
+				owner, mine = &o, &pods.Items[i]
 			}
 		}
 	}
@@ -103,7 +104,26 @@ func (a *Agent) daemonSetLeaves(ctx context.Context) (bool, string, error) {
 	if ok, err := nodeaffinity.GetRequiredNodeAffinity(tmpl).Match(&nodes.Items[0]); err == nil && !ok {
 		return true, "its DaemonSet " + ns + "/" + owner.Name + " no longer runs on this node", nil
 	}
+	// The way back: the DaemonSet now runs another image (kg's) in this
+	// agent's container, which takes over the node as kg cleaned up after
+	// itself (docs/dropin.md#the-way-back).
+	for _, c := range mine.Spec.Containers {
+		for _, t := range ds.Spec.Template.Spec.Containers {
+			if c.Name == t.Name && imageRepository(c.Image) != imageRepository(t.Image) {
+				return true, fmt.Sprintf("its DaemonSet %s/%s runs %s instead of %s in container %s now", ns, owner.Name, t.Image, c.Image, c.Name), nil
+			}
+		}
+	}
 	return false, "its DaemonSet " + ns + "/" + owner.Name + " starts a new agent here", nil
+}
+
+// imageRepository is an image reference without its tag and digest.
+func imageRepository(ref string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		ref = ref[:i]
+	}
+	return ref
 }
 
 // Cleaner removes meshlet's host state (*netlinkx.Host is one).

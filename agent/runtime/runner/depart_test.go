@@ -82,6 +82,31 @@ subjects: [{kind: ServiceAccount, name: meshlet, namespace: kilo-system}]
 			t.Fatalf("leaving %v (%s), want false", l, why)
 		}
 	})
+	t.Run("a new meshlet image follows", func(t *testing.T) {
+		cur, _ := admin.AppsV1().DaemonSets("kilo-system").Get(ctx, "kilo", metav1.GetOptions{})
+		cur.Spec.Template.Spec.Containers[0].Image = "meshlet:v2"
+		if _, err := admin.AppsV1().DaemonSets("kilo-system").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if l, why := leaving(t); l {
+			t.Fatalf("leaving %v (%s), want false", l, why)
+		}
+	})
+	t.Run("the way back: kg's image follows", func(t *testing.T) {
+		cur, _ := admin.AppsV1().DaemonSets("kilo-system").Get(ctx, "kilo", metav1.GetOptions{})
+		cur.Spec.Template.Spec.Containers[0].Image = "squat/kilo:0.7.0"
+		if _, err := admin.AppsV1().DaemonSets("kilo-system").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if l, why := leaving(t); !l || !strings.Contains(why, "squat/kilo:0.7.0") {
+			t.Fatalf("leaving %v (%s), want true", l, why)
+		}
+		cur, _ = admin.AppsV1().DaemonSets("kilo-system").Get(ctx, "kilo", metav1.GetOptions{})
+		cur.Spec.Template.Spec.Containers[0].Image = "meshlet"
+		if _, err := admin.AppsV1().DaemonSets("kilo-system").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("the DaemonSet no longer selects the node", func(t *testing.T) {
 		cur, _ := admin.AppsV1().DaemonSets("kilo-system").Get(ctx, "kilo", metav1.GetOptions{})
 		cur.Spec.Template.Spec.NodeSelector = map[string]string{"kilo": "yes"}
