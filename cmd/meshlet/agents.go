@@ -22,8 +22,10 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
-// agentSelector selects meshlet's pods (manifests/base/daemonset.yaml).
-const agentSelector = "app.kubernetes.io/name=meshlet"
+// agentSelector selects meshlet's pods: meshlet's own DaemonSet
+// (manifests/base/daemonset.yaml) and Kilo's, where meshlet's image
+// replaced kg's (docs/dropin.md).
+const agentSelector = "app.kubernetes.io/name in (meshlet,kilo)"
 
 // agentPods lists the running meshlet pods of namespace, by node.
 func agentPods(ctx context.Context, client kubernetes.Interface, namespace string) (map[string]corev1.Pod, error) {

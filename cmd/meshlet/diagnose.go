@@ -123,9 +123,9 @@ func daemonSetFlags(ctx context.Context, src meshSource, cfg *config.Config) (st
 		return "", fmt.Errorf("no DaemonSet labelled %s in %s", agentSelector, src.namespace)
 	}
 	ds := list.Items[0]
-	args := runArgs(ds)
+	args, kg := runArgs(ds)
 	if args == nil {
-		return "", fmt.Errorf("DaemonSet %s/%s has no container running `meshlet run`", ds.Namespace, ds.Name)
+		return "", fmt.Errorf("DaemonSet %s/%s has no container running `meshlet run` or kg's command line", ds.Namespace, ds.Name)
 	}
 	fs := pflag.NewFlagSet("daemonset", pflag.ContinueOnError)
 	fs.ParseErrorsAllowlist.UnknownFlags = true
@@ -144,19 +144,27 @@ func daemonSetFlags(ctx context.Context, src meshSource, cfg *config.Config) (st
 	if err := fs.Parse(keep); err != nil {
 		return "", fmt.Errorf("DaemonSet %s/%s: %w", ds.Namespace, ds.Name, err)
 	}
+	if kg {
+		return "DaemonSet " + ds.Namespace + "/" + ds.Name + " (kg's command line)", nil
+	}
 	return "DaemonSet " + ds.Namespace + "/" + ds.Name, nil
 }
 
-func runArgs(ds appsv1.DaemonSet) []string {
+// runArgs is the agent's command line in a DaemonSet: the arguments of
+// `meshlet run`, or of kg (Kilo's DaemonSet: only flags, kg's defaults).
+func runArgs(ds appsv1.DaemonSet) (args []string, kg bool) {
 	for _, c := range ds.Spec.Template.Spec.Containers {
 		all := append(append([]string(nil), c.Command...), c.Args...)
 		for i, a := range all {
-			if a == "run" {
-				return all[i+1:]
+			if a == "run" || a == "kg" {
+				return all[i+1:], a == "kg"
 			}
 		}
+		if len(c.Command) == 0 && kgMode(c.Args) {
+			return c.Args, true
+		}
 	}
-	return nil
+	return nil, false
 }
 
 // diagnoseInput reads everything the checks need.

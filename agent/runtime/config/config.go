@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,18 @@ import (
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
+
+// PodNamespace is the namespace of the pod the agent runs in (its
+// ServiceAccount's, mounted by the kubelet), else kilo-system: in Kilo's
+// own DaemonSet (kube-system, Cozystack's cozy-kilo) the agent finds its
+// ClusterMeshes and Leases there without a flag.
+func PodNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if ns := strings.TrimSpace(string(b)); err == nil && len(validation.IsDNS1123Label(ns)) == 0 {
+		return ns
+	}
+	return "kilo-system"
+}
 
 // DefaultStatusSocket is where the agent serves /status and meshlet status
 // reads it: a unix socket, never the network (docs/security.md#status).
@@ -145,7 +158,7 @@ func (c *Config) RegisterTopology(fs *pflag.FlagSet) {
 func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Hostname, "hostname", "", "name of this node (default: $NODE_NAME, else the host name)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster)")
-	fs.StringVar(&c.Namespace, "namespace", "kilo-system", "namespace of ClusterMesh objects and their Secrets")
+	fs.StringVar(&c.Namespace, "namespace", PodNamespace(), "namespace of meshlet's Leases, of ClusterMesh objects and their Secrets (default: the agent pod's own, else kilo-system)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
 	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz (as kg's)")
 	fs.StringVar(&c.StatusSocket, "status-socket", DefaultStatusSocket, "unix socket of /status (meshlet status), readable by root only; \"\" = none")

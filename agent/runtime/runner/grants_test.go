@@ -197,6 +197,13 @@ func runAgentBriefly(t *testing.T, ctx context.Context, cfg *rest.Config, waitRe
 	if err != nil {
 		return briefRun{err: err}
 	}
+	return runBriefly(t, ctx, a, waitRemote)
+}
+
+// runBriefly runs a until its loop is ready (and, with waitRemote, until
+// its remote cluster says why it is not connected), then stops it.
+func runBriefly(t *testing.T, ctx context.Context, a *runner.Agent, waitRemote bool) briefRun {
+	t.Helper()
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- a.Run(rctx) }()
@@ -218,11 +225,18 @@ func runAgentBriefly(t *testing.T, ctx context.Context, cfg *rest.Config, waitRe
 // data plane.
 func tryAgent(t *testing.T, cfg *rest.Config) (*runner.Agent, error) {
 	t.Helper()
+	return tryAgentIn(t, cfg, "kilo-system")
+}
+
+// tryAgentIn is tryAgent with the agent's namespace (its Leases and
+// ClusterMeshes).
+func tryAgentIn(t *testing.T, cfg *rest.Config, namespace string) (*runner.Agent, error) {
+	t.Helper()
 	var c config.Config
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	c.RegisterTopology(fs)
 	c.RegisterAgent(fs)
-	c.Namespace, c.Local, c.TopologyLabel = "kilo-system", true, "topology.kubernetes.io/region"
+	c.Namespace, c.Local, c.TopologyLabel = namespace, true, "topology.kubernetes.io/region"
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -359,5 +373,65 @@ func applyBytes(t *testing.T, srv *apiserver.Server, doc string) {
 	t.Helper()
 	if _, err := apiserver.Apply(context.Background(), srv.AdminConfig(), []byte(doc), apiserver.ApplyOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKgRBACMeshesAndTheAddOnTurnsFeaturesOn: under exactly the RBAC
+// Kilo's manifests give kg, in kube-system, the agent meshes with Kilo's
+// rule and reports every other feature off with the grant it lacks; with
+// manifests/dropin applied beside it, they are all on. Neither way does it
+// make a request the API server refuses.
+func TestKgRBACMeshesAndTheAddOnTurnsFeaturesOn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	ctx := context.Background()
+	srv := apiserver.Start(t, apiserver.Options{})
+	applyFiles(t, srv.AdminConfig(), "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/crds/clustermeshes.kilo.squat.ai.yaml")
+	applyFiles(t, srv.AdminConfig(), "agent/runtime/runner/testdata/kilo-rbac.yaml")
+	admin := kubernetes.NewForConfigOrDie(srv.AdminConfig())
+	if _, err := admin.CoreV1().Nodes().Create(ctx, node("a-1", "x", "192.168.1.1/24", "10.244.1.0/24", key(1), nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sa := srv.ServiceAccountConfig(ctx, "kube-system", "kilo")
+	sa.UserAgent = "meshlet/test"
+	waitAllowed(t, ctx, sa, rbacv1.PolicyRule{Verbs: []string{"watch"}, APIGroups: []string{""}, Resources: []string{"nodes"}})
+	run := func() briefRun {
+		a, err := tryAgentIn(t, sa, "kube-system")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return runBriefly(t, ctx, a, false)
+	}
+	out := run()
+	if !out.ready {
+		t.Fatalf("the agent did not mesh under kg's RBAC: %+v", out.status.LastRun)
+	}
+	off := map[string]bool{}
+	for _, f := range out.status.FeaturesOff {
+		off[f.Name] = true
+	}
+	for _, f := range []string{grants.LeaderElection, grants.Events, grants.ClusterMesh, grants.ClusterMeshStatus, grants.Lifecycle} {
+		if !off[f] {
+			t.Errorf("feature %s on under kg's RBAC", f)
+		}
+	}
+	t.Logf("RESULT kg's RBAC: meshes (ready), features off: %v", out.status.FeaturesOff)
+	if _, err := apiserver.ApplyFile(ctx, srv.AdminConfig(), repoFile(t, "manifests/dropin/grants.yaml"), apiserver.ApplyOptions{Namespace: "kube-system"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiserver.WaitAuthorized(ctx, sa, authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system"},
+		authorizationv1.ResourceAttributes{Verb: "get", Group: "apps", Resource: "daemonsets", Namespace: "kube-system"}); err != nil {
+		t.Fatal(err)
+	}
+	if out = run(); !out.ready || len(out.status.FeaturesOff) != 0 {
+		t.Errorf("with manifests/dropin: ready %v, features off %+v", out.ready, out.status.FeaturesOff)
+	}
+	refused, err := srv.Forbidden(apiserver.ByMeshlet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range refused {
+		t.Errorf("refused: %s", r)
 	}
 }
