@@ -136,3 +136,28 @@ func view(l Local) localView {
 	v.Rejections = l.Rejections
 	return v
 }
+
+// owns is an Owned of the prefixes given.
+func owns(ps ...string) Owned { return Owned{newPrefixSet(pfxs(ps...))} }
+
+// remote is remote cluster name of mesh kilo/mesh (this cluster: "here"),
+// its allowedNetworks all accepted.
+func remote(name string, networks ...string) Remote {
+	r := Remote{Mesh: &Mesh{Namespace: "kilo", Name: "mesh"}, Local: MeshCluster{Name: "here", Local: true},
+		Entry: MeshCluster{Name: name, AllowedNetworks: pfxs(networks...)}, Networks: pfxs(networks...)}
+	r.allowed = newPrefixSet(r.Networks)
+	return r
+}
+
+// rnode is a node of a remote cluster that its agents made a leader with
+// WireGuard IP wg ("" = none).
+func rnode(i int, name, loc, priv, wg, pod string) Node {
+	n := mk(i, name, loc, priv, "", pod)
+	if priv != "" {
+		n.Endpoint = n.InternalIP.Addr().String() + ":51820"
+	}
+	if wg != "" {
+		n.WireGuardIP = pfx(wg)
+	}
+	return n
+}
