@@ -39,10 +39,10 @@ func mk(i int, name, loc, priv, ep, pod string) Node {
 	return n
 }
 
-// with returns n changed by f.
-func with(n Node, f func(*Node)) Node {
-	f(&n)
-	return n
+// with returns v changed by f.
+func with[T any](v T, f func(*T)) T {
+	f(&v)
+	return v
 }
 
 // seg builds a segment by hand: its key, location, WireGuard IP ("" =
