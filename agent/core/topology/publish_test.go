@@ -56,6 +56,37 @@ func TestAnnotations(t *testing.T) {
 	}
 }
 
+// TestCNIRange: with Kilo as the CNI, the IPAM range is the node's pod
+// CIDR as its Node says; nothing before it has one, and nothing (rejected)
+// while the file cannot be written.
+func TestCNIRange(t *testing.T) {
+	on := Settings{CNI: true}
+	self := Self{Name: "a-1"}
+	published := &Node{PodCIDRs: pfxs("10.244.1.7/24", "fd10::/64")}
+	for _, tc := range []struct {
+		name      string
+		set       Settings
+		self      Self
+		published *Node
+		want      netip.Prefix
+		wantRejs  []Rejection
+	}{
+		{name: "not the CNI", self: self, published: published},
+		{name: "the Node not known yet", set: on, self: self},
+		{name: "no pod CIDR yet", set: on, self: self, published: &Node{}},
+		{name: "the first pod CIDR, masked", set: on, self: self, published: published, want: pfx("10.244.1.0/24")},
+		{name: "the configuration cannot be written: rejected, left as it is", set: on, self: Self{Name: "a-1", CNI: CNIState{Err: "not JSON"}}, published: published,
+			wantRejs: []Rejection{{Object: ObjectRef{Kind: "Node", Name: "a-1"}, Field: "cni-path", Reason: ReasonInvalidCNIConfig,
+				Message: "not JSON; the file is left as it is (the install-cni init container writes it)"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, rejs := CNIRange(tc.set, tc.self, tc.published)
+			check(t, "range", got, tc.want)
+			check(t, "rejections", rejs, tc.wantRejs)
+		})
+	}
+}
+
 // TestDiscoveredToPublish is Kilo's set of discovered endpoints: what the
 // device learned (handshakes, usable addresses) for segment leaders that
 // keep a keepalive themselves and for every Peer; for remote peers, those

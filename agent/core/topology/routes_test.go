@@ -136,6 +136,13 @@ func TestRoutes(t *testing.T) {
 		{name: "non-leader, Cilium: through its leader's cilium_host IP",
 			in:   RouteInput{Settings: Settings{Compatibility: CompatibilityCilium}, Self: Self{TunnelDevice: TunnelCilium}, Local: site("a-2", cilium)},
 			want: RoutePlan{Routes: toBVia("10.244.1.1", "cilium_tunl", priv2), Tunnel: Tunnel{Name: TunnelCilium}}},
+		{name: "non-leader, flannel: through flannel.1 to its leader's pod subnet address",
+			in:   RouteInput{Settings: Settings{Compatibility: CompatibilityFlannel}, Self: Self{TunnelDevice: TunnelIPIP}, Local: site("a-2", plain)},
+			want: RoutePlan{Routes: toBVia("10.244.1.0", "flannel.1", priv2), Tunnel: Tunnel{Name: TunnelFlannel}}},
+		{name: "leader --local, flannel: its location's nodes through flannel.1 to their pod subnet address",
+			leader: true, in: RouteInput{Settings: Settings{Local: true, Compatibility: CompatibilityFlannel}, Local: site("a-1", plain)},
+			want: RoutePlan{Routes: cat([]Route{via("10.244.2.0/24", "10.244.2.0", "flannel.1", priv1), ret("10.0.1.2/32", "10.244.2.0", "flannel.1", priv1)}, toB),
+				Rules: []Rule{from("10.244.1.0/24", "10.0.1.2/32"), iif("10.0.1.2/32")}, Tunnel: Tunnel{Name: TunnelFlannel}}},
 		{name: "non-leader --local: its location's nodes directly, with the return path but no iif rule",
 			in: RouteInput{Settings: Settings{Local: true}, Local: site("a-2", plain)},
 			want: RoutePlan{Routes: cat(toBVia(priv1, "tunl0", priv2)[:1], []Route{via("10.244.1.0/24", priv1, "tunl0", priv2), ret("10.0.1.1/32", priv1, "tunl0", priv2)}, toBVia(priv1, "tunl0", priv2)[1:]),
@@ -185,6 +192,12 @@ func TestNATFor(t *testing.T) {
 			want: NAT{Sources: pfxs("10.5.0.0/24", "10.5.1.9/32"), Destinations: []netip.Prefix{},
 				Exceptions: pfxs("10.0.1.1/32", "10.0.1.2/32", "10.0.2.1/32", "10.0.2.2/32", "10.4.0.1/32", "10.4.0.2/32", "10.5.0.0/24", "10.5.1.9/32",
 					"10.96.0.0/12", "10.100.0.0/16", "10.101.0.0/16", "10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24")}},
+		{name: "Kilo as the CNI: from this node's pod subnet too",
+			l: twoLocationsSeen("a-2"), set: Settings{CNI: true},
+			want: NAT{Sources: pfxs("10.244.2.0/24"), Destinations: []netip.Prefix{}, Exceptions: segments}},
+		{name: "Kilo as the CNI on a node not Ready: no pod subnet to masquerade",
+			l: twoLocationsSeen(""), set: Settings{CNI: true},
+			want: NAT{Sources: []netip.Prefix{}, Destinations: []netip.Prefix{}, Exceptions: segments}},
 		{name: "to this location's allowed-location-ips (only)",
 			l: withALIPs("b-2"),
 			want: NAT{Sources: []netip.Prefix{}, Destinations: pfxs("192.168.50.0/24"), Exceptions: pfxs("10.0.1.1/32", "10.0.1.2/32", "10.0.2.1/32", "10.0.2.2/32", "10.4.0.1/32", "10.4.0.2/32",
@@ -192,6 +205,37 @@ func TestNATFor(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			check(t, "NAT", NATFor(tc.l, tc.peers, tc.remotes, Defaults(tc.set)), tc.want)
+		})
+	}
+}
+
+// TestForwardFor is kg's --iptables-forward-rules where Kilo is the CNI:
+// a leader accepts its location's pod subnets, private IPs and
+// allowed-location-ips, any other node its own pod subnet.
+func TestForwardFor(t *testing.T) {
+	on := Settings{ForwardRules: true}
+	withALIP := twoLocationsSeen("a-1")
+	withALIP.Segments[0].AllowedLocationIPs = pfxs("192.168.40.0/24")
+	withALIP.Segments[1].AllowedLocationIPs = pfxs("192.168.50.0/24")
+	a1, a2, b1, _ := twoLocations()
+	cross := local("a-1", seg("node:a-1", "a", "10.4.0.1", "a-1", a1), seg("node:a-2", "a", "10.4.0.2", "a-2", a2), seg("node:b-1", "b", "10.4.0.3", "b-1", b1))
+	for _, tc := range []struct {
+		name   string
+		l      Local
+		leader bool
+		set    Settings
+		want   []netip.Prefix
+	}{
+		{name: "off", l: withALIP, leader: true},
+		{name: "not Ready", l: twoLocationsSeen(""), set: on},
+		{name: "a non-leader: its pod subnet", l: twoLocationsSeen("a-2"), set: on, want: pfxs("10.244.2.0/24")},
+		{name: "a leader: its location's pod subnets, private IPs and allowed-location-ips", l: withALIP, leader: true, set: on,
+			want: pfxs("10.0.1.1/32", "10.0.1.2/32", "10.244.1.0/24", "10.244.2.0/24", "192.168.40.0/24")},
+		{name: "cross: a leader forwards for the segments of its location", l: cross, leader: true, set: Settings{ForwardRules: true, Granularity: GranularityCross},
+			want: pfxs("10.0.1.1/32", "10.0.1.2/32", "10.244.1.0/24", "10.244.2.0/24")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			check(t, "forward", ForwardFor(tc.l, tc.leader, Defaults(tc.set)), tc.want)
 		})
 	}
 }
