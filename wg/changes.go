@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
 )
 
 // The change feed of a userspace device meshlet hosts.
@@ -39,6 +40,9 @@ func ChangesSocket(iface string) string {
 // configuration written, the writer's pid ("0" when unknown).
 type changeFeed struct {
 	ln *net.UnixListener
+	// clock is the device process's (it is not the agent: the agent's
+	// clock is its reconcile loop's, docs/architecture.md#one-clock).
+	clock clock.PassiveClock
 
 	mu   sync.Mutex
 	subs map[net.Conn]bool
@@ -58,7 +62,7 @@ func listenChanges(iface string) (*changeFeed, error) {
 		ln.Close()
 		return nil, fmt.Errorf("wg: %s: %w", path, err)
 	}
-	f := &changeFeed{ln: ln, subs: map[net.Conn]bool{}}
+	f := &changeFeed{ln: ln, clock: clock.RealClock{}, subs: map[net.Conn]bool{}}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -81,7 +85,7 @@ func (f *changeFeed) publish(pid int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for c := range f.subs {
-		_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_ = c.SetWriteDeadline(f.clock.Now().Add(100 * time.Millisecond))
 		if _, err := c.Write(line); err != nil {
 			c.Close()
 			delete(f.subs, c)

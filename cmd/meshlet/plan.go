@@ -191,10 +191,7 @@ func planTime(v string, nodes []topology.Node) (time.Time, error) {
 			newest = n.LastSeen
 		}
 	}
-	if newest.IsZero() {
-		return time.Now(), nil
-	}
-	return newest, nil
+	return newest, nil // zero without nodes: nothing is judged by it
 }
 
 // selfFromFile stands in for what the agent would observe on the node,

@@ -18,6 +18,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/runtime/cni"
 	"github.com/meshlet/meshlet/agent/runtime/config"
@@ -192,6 +193,8 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if err != nil {
 		return fmt.Errorf("watching netlink: %w", err)
 	}
+	// The agent's one clock (docs/architecture.md#one-clock).
+	clk := clock.RealClock{}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	repairs := metrics.NewSessionRepairs(reg)
@@ -201,7 +204,7 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	// README "Scale"). The same reads watch the sessions to kg-run peers.
 	drift := mgr.Watch(ctx, wg.WatchOptions{
 		Interval: driftInterval, Backstop: driftBackstop, SessionInterval: sessionInterval, FastInterval: sessionFastInterval,
-		Sessions: cfg.RepairSessions, Probe: wg.ProbeICMP,
+		Sessions: cfg.RepairSessions, Probe: sessionProbe, Clock: clk,
 		OnRepair: func(peer string) { repairs.WithLabelValues(peer).Inc() },
 	})
 	changes := mergeSignals(ctx, netlinkChanges, drift)
@@ -212,6 +215,7 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		nodeHost = &node.Host{Host: host, CNI: facts.CNI}
 	}
 	agent, err := runner.New(runner.Options{
+		Clock:  clk,
 		Config: cfg, Node: name, RestConfig: rc, WireGuard: &node.WireGuard{Manager: mgr}, Host: nodeHost,
 		Self: facts, HostEvents: changes, Registry: reg, Log: log, Version: version,
 	})
@@ -340,4 +344,10 @@ func mergeSignals(ctx context.Context, ins ...<-chan struct{}) <-chan struct{} {
 		}()
 	}
 	return out
+}
+
+// sessionProbe is wg's session probe: one ICMP echo to a peer's WireGuard
+// IP (docs/kilo-compatibility.md#half-dead).
+func sessionProbe(ctx context.Context, addr netip.Addr) error {
+	return netlinkx.Echo(ctx, netip.Addr{}, addr, "meshlet session probe")
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/planner"
@@ -61,7 +62,7 @@ func (s *meshSource) read(ctx context.Context, clusterName string) (local cluste
 		return local, nil, nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	rc.UserAgent = "meshlet/" + version
-	if local, err = cluster.ReadCluster(ctx, rc, s.namespace, true); err != nil {
+	if local, err = cluster.ReadCluster(ctx, clock.RealClock{}, rc, s.namespace, true); err != nil {
 		return local, nil, nil, err
 	}
 	for _, kc := range clustermesh.Resolve(local.Meshes, clusterName).Kubeconfigs {
@@ -74,7 +75,7 @@ func (s *meshSource) read(ctx context.Context, clusterName string) (local cluste
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		r, err := cluster.ReadRemote(rctx, data, s.policy)
+		r, err := cluster.ReadRemote(rctx, clock.RealClock{}, data, s.policy)
 		cancel()
 		if err != nil {
 			remoteErrs[kc.Cluster] = err

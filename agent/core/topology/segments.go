@@ -14,11 +14,7 @@ import (
 // Kilo's constants that other nodes rely on.
 const (
 	// KiloTable is the routing table for return traffic through the tunnel.
-	KiloTable = 1107
-	// ReadyWindow: a node whose last-seen is older than this is not Ready
-	// (Kilo: twice the 30 s check-in period).
-	ReadyWindow = 60 * time.Second
-
+	KiloTable      = 1107
 	locationPrefix = "location:"
 	nodePrefix     = "node:"
 )

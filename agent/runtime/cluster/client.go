@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
@@ -88,4 +89,12 @@ func handler(fn func(obj interface{}, deleted bool)) cache.ResourceEventHandler 
 			fn(obj, true)
 		},
 	}
+}
+
+// orReal is c, or the real clock when c is nil (tests that need no clock).
+func orReal(c clock.WithTicker) clock.WithTicker {
+	if c == nil {
+		return clock.RealClock{}
+	}
+	return c
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
@@ -27,6 +28,7 @@ type Local struct {
 	namespace string
 	notify    func(seen time.Time)
 	log       *slog.Logger
+	clock     clock.WithTicker
 
 	// meshInf is nil when ClusterMeshes are not watched.
 	nodeInf, peerInf, meshInf cache.SharedIndexInformer
@@ -51,6 +53,8 @@ type LocalOptions struct {
 	Node            string // this node
 	Notify          func(seen time.Time)
 	Log             *slog.Logger
+	// Clock stamps what is heard (nil: the real clock).
+	Clock clock.WithTicker
 }
 
 // NewLocal creates the local watcher; Start runs it.
@@ -63,7 +67,7 @@ func NewLocal(o LocalOptions) (*Local, error) {
 		o.Log = slog.Default()
 	}
 	l := &Local{
-		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node,
+		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node, clock: orReal(o.Clock),
 		objs:   newObjects(""),
 		meshes: map[string]*clustermesh.ClusterMesh{},
 	}
@@ -121,7 +125,7 @@ func (l *Local) Synced() bool {
 
 func (l *Local) changed() {
 	if l.notify != nil {
-		l.notify(time.Now())
+		l.notify(l.clock.Now())
 	}
 }
 
@@ -131,7 +135,7 @@ func (l *Local) onNode(obj interface{}, deleted bool) {
 		return
 	}
 	l.mu.Lock()
-	changed := l.objs.setNode(n, deleted, time.Now())
+	changed := l.objs.setNode(n, deleted, l.clock.Now())
 	if n.Name == l.selfName {
 		l.self = n
 		if deleted {

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
@@ -37,7 +38,7 @@ type Cluster struct {
 // ReadCluster lists a cluster's Nodes and Peers, and in namespace its
 // ClusterMeshes and Secrets (withSecrets: only where the credentials allow
 // it and the caller needs the remote clusters).
-func ReadCluster(ctx context.Context, cfg *rest.Config, namespace string, withSecrets bool) (Cluster, error) {
+func ReadCluster(ctx context.Context, clk clock.PassiveClock, cfg *rest.Config, namespace string, withSecrets bool) (Cluster, error) {
 	var out Cluster
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -75,14 +76,14 @@ func ReadCluster(ctx context.Context, cfg *rest.Config, namespace string, withSe
 			}
 		}
 	}
-	out.ServerTime, out.ClockOffset = serverClock(ctx, cfg)
+	out.ServerTime, out.ClockOffset = serverClock(ctx, clk, cfg)
 	return out, nil
 }
 
 // ReadRemote reads a remote cluster with the kubeconfig of its Secret (the
 // read-only credentials the agents use, refused as the agents refuse them:
 // RemoteConfig): its Nodes and Peers.
-func ReadRemote(ctx context.Context, kubeconfig []byte, policy KubeconfigPolicy) (Cluster, error) {
+func ReadRemote(ctx context.Context, clk clock.PassiveClock, kubeconfig []byte, policy KubeconfigPolicy) (Cluster, error) {
 	cfg, err := RemoteConfig(kubeconfig, policy)
 	if err != nil {
 		return Cluster{}, fmt.Errorf("kubeconfig refused: %w", err)
@@ -97,7 +98,7 @@ func ReadRemote(ctx context.Context, kubeconfig []byte, policy KubeconfigPolicy)
 	if _, err := readNodesAndPeers(ctx, cfg, client, &out, false); err != nil {
 		return out, err
 	}
-	out.ServerTime, out.ClockOffset = serverClock(ctx, cfg)
+	out.ServerTime, out.ClockOffset = serverClock(ctx, clk, cfg)
 	return out, nil
 }
 
@@ -132,7 +133,7 @@ func readNodesAndPeers(ctx context.Context, cfg *rest.Config, client kubernetes.
 // serverClock reads the API server's clock from the Date header of
 // /version, and its offset from this machine's clock at the middle of the
 // request; zero values when it does not answer.
-func serverClock(ctx context.Context, cfg *rest.Config) (time.Time, time.Duration) {
+func serverClock(ctx context.Context, clk clock.PassiveClock, cfg *rest.Config) (time.Time, time.Duration) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return time.Time{}, 0
@@ -141,12 +142,12 @@ func serverClock(ctx context.Context, cfg *rest.Config) (time.Time, time.Duratio
 	if err != nil {
 		return time.Time{}, 0
 	}
-	sent := time.Now()
+	sent := clk.Now()
 	resp, err := hc.Do(req)
 	if err != nil {
 		return time.Time{}, 0
 	}
-	received := time.Now()
+	received := clk.Now()
 	resp.Body.Close()
 	t, err := http.ParseTime(resp.Header.Get("Date"))
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
@@ -36,6 +37,9 @@ type Remotes struct {
 	ProbeInterval time.Duration
 	// Policy is what a kubeconfig may carry beyond inline credentials.
 	Policy KubeconfigPolicy
+	// Clock stamps what is heard and times the probes (nil: the real
+	// clock).
+	Clock clock.WithTicker
 
 	mu       sync.Mutex
 	ctx      context.Context
@@ -122,6 +126,8 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	}
 }
 
+func (rs *Remotes) clock() clock.WithTicker { return orReal(rs.Clock) }
+
 func (rs *Remotes) log() *slog.Logger {
 	if rs.Log == nil {
 		return slog.Default()
@@ -139,7 +145,7 @@ func (rs *Remotes) forgetMetrics(name string) {
 
 func (rs *Remotes) notify() {
 	if rs.Notify != nil {
-		rs.Notify(time.Now())
+		rs.Notify(rs.clock().Now())
 	}
 }
 
@@ -299,7 +305,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 			return
 		}
 		w.mu.Lock()
-		changed := gen == w.gen && w.objs.setNode(n, deleted, time.Now())
+		changed := gen == w.gen && w.objs.setNode(n, deleted, w.rs.clock().Now())
 		w.mu.Unlock()
 		if changed {
 			w.rs.notify()
@@ -364,13 +370,13 @@ func (w *remote) probe(ctx context.Context, client kubernetes.Interface) {
 	if interval <= 0 {
 		interval = 5 * time.Second
 	}
-	t := time.NewTicker(interval)
+	t := w.rs.clock().NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		pctx, cancel := context.WithTimeout(ctx, interval)
 		err := client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error()
@@ -420,7 +426,7 @@ func (w *remote) setReady(ok bool) {
 	changed := w.ready != ok
 	w.ready = ok
 	if ok {
-		w.lastReady = time.Now()
+		w.lastReady = w.rs.clock().Now()
 	}
 	n := len(w.objs.nodes)
 	w.mu.Unlock()

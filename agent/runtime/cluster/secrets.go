@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 )
 
 // SecretSource gives the remote watchers the kubeconfig Secrets' data.
@@ -52,6 +53,8 @@ type SecretWatch struct {
 	// API server sees no refused request, and is asked about again every
 	// DeniedRecheck.
 	Allowed func(ctx context.Context, name string) (bool, error)
+	// Clock stamps changes and times the rechecks (nil: the real clock).
+	Clock clock.WithTicker
 
 	mu      sync.Mutex
 	ctx     context.Context
@@ -136,7 +139,7 @@ func (s *SecretWatch) run(ctx context.Context, name string, w *secretWatch) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(DeniedRecheck):
+		case <-orReal(s.Clock).After(DeniedRecheck):
 		}
 	}
 	lw := cache.NewListWatchFromClient(s.Client.CoreV1().RESTClient(), "secrets", s.Namespace,
@@ -160,7 +163,7 @@ func (s *SecretWatch) run(ctx context.Context, name string, w *secretWatch) {
 
 func (s *SecretWatch) notify() {
 	if s.Notify != nil {
-		s.Notify(time.Now())
+		s.Notify(orReal(s.Clock).Now())
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -51,24 +52,21 @@ type Publisher struct {
 	Local           *Local
 	Node            string
 	LastSeenRefresh time.Duration
-	Now             func() time.Time
+	// Clock stamps last-seen (nil: the real clock).
+	Clock clock.WithTicker
 }
 
 // Publish implements reconcile.Publisher.
 func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, error) {
-	now := time.Now
-	if p.Now != nil {
-		now = p.Now
-	}
 	hb := p.LastSeenRefresh
 	if hb <= 0 {
-		hb = 25 * time.Second
+		hb = topology.LastSeenRefresh
 	}
 	cur := p.Local.SelfNode()
 	if cur == nil {
 		return false, fmt.Errorf("node %s not found in the local cluster", p.Node)
 	}
-	diff := AnnotationDiff(cur, want, now(), hb)
+	diff := AnnotationDiff(cur, want, orReal(p.Clock).Now(), hb)
 	if len(diff) == 0 {
 		return false, nil
 	}

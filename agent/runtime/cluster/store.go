@@ -39,7 +39,7 @@ func newObjects(cluster string) objects {
 // 10,000 remote Nodes most events change nothing else; those do not wake the
 // loop. A last-seen that was old enough for the node to have dropped out of
 // the mesh does wake it (the node is back); a node going stale is noticed by
-// the loop's MinRunInterval (agent/runtime/runner).
+// topology.MinRunInterval.
 //
 // A remote node also records when this agent heard its last-seen change
 // (topology.Node.Heard), by which the planner judges it with the remote
@@ -66,7 +66,7 @@ func (o *objects) setNode(n *corev1.Node, deleted bool, now time.Time) bool {
 		last = old.Node.Heard
 	}
 	o.nodes[n.Name] = r
-	if !ok || now.Sub(last) > staleAfter {
+	if !ok || now.Sub(last) > topology.HeardRefresh {
 		return true
 	}
 	a, b := old, r
@@ -90,9 +90,6 @@ func (o *objects) clockSkew() (time.Duration, bool) {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2], true
 }
-
-// staleAfter is a little under Kilo's 60 s readiness window.
-const staleAfter = 45 * time.Second
 
 func (o *objects) setPeer(p *kilo.Peer, deleted bool) {
 	if deleted {

@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
@@ -40,7 +41,8 @@ type Sink struct {
 	Node     string
 	Metrics  *metrics.Agent
 	Log      *slog.Logger
-	Now      func() time.Time
+	// Clock stamps what is reported (nil: the real clock).
+	Clock clock.PassiveClock
 
 	mu     sync.Mutex
 	active map[topology.Rejection]seen
@@ -64,11 +66,10 @@ const settleTime = 30 * time.Second
 // reported, vanished ones forgotten (so they are reported again if they
 // come back).
 func (s *Sink) Report(ctx context.Context, plan topology.Plan) {
-	now := time.Now
-	if s.Now != nil {
-		now = s.Now
+	t := clock.RealClock{}.Now()
+	if s.Clock != nil {
+		t = s.Clock.Now()
 	}
-	t := now()
 	s.mu.Lock()
 	current := make(map[topology.Rejection]seen, len(plan.Rejections))
 	var due []topology.Rejection

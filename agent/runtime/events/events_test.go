@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	testingclock "k8s.io/utils/clock/testing"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
@@ -110,23 +112,23 @@ func TestOnlyTheReporterWritesTheEvent(t *testing.T) {
 
 func TestTransientDuplicatesSettleFirst(t *testing.T) {
 	ctx := context.Background()
-	clock := time.Unix(1_800_000_000, 0)
+	clk := testingclock.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
 	m := metrics.NewAgent(prometheus.NewRegistry())
-	s := &Sink{Node: "a", Metrics: m, Now: func() time.Time { return clock }}
+	s := &Sink{Node: "a", Metrics: m, Clock: clk}
 	dup := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "b", Name: "b-2"}, Reason: topology.ReasonDuplicateWireGuardIP, Message: "x"}
 	count := func() float64 {
 		return testutil.ToFloat64(m.Rejections.WithLabelValues(string(topology.ReasonDuplicateWireGuardIP)))
 	}
 	s.Report(ctx, plan(dup))
-	clock = clock.Add(10 * time.Second)
+	clk.SetTime(clk.Now().Add(10 * time.Second))
 	s.Report(ctx, plan(dup))
 	if count() != 0 {
 		t.Fatal("a start-up race was reported before it had a chance to settle")
 	}
 	s.Report(ctx, plan()) // it settled
-	clock = clock.Add(time.Minute)
+	clk.SetTime(clk.Now().Add(time.Minute))
 	s.Report(ctx, plan(dup))
-	clock = clock.Add(31 * time.Second)
+	clk.SetTime(clk.Now().Add(31 * time.Second))
 	s.Report(ctx, plan(dup))
 	s.Report(ctx, plan(dup))
 	if count() != 1 {
@@ -140,9 +142,9 @@ func TestTransientDuplicatesSettleFirst(t *testing.T) {
 // Events, leaves out a start-up race until it has outlasted settleTime.
 func TestRejectionsActive(t *testing.T) {
 	ctx := context.Background()
-	clock := time.Unix(1_800_000_000, 0)
+	clk := testingclock.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
 	reg := prometheus.NewPedanticRegistry()
-	s := &Sink{Node: "a", Metrics: metrics.NewAgent(reg), Now: func() time.Time { return clock }}
+	s := &Sink{Node: "a", Metrics: metrics.NewAgent(reg), Clock: clk}
 	key1 := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "p1"}, Reason: topology.ReasonInvalidKey, Message: "x"}
 	key2 := topology.Rejection{Object: topology.ObjectRef{Kind: "Peer", Name: "p2"}, Reason: topology.ReasonInvalidKey, Message: "x"}
 	route := topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: "b", Name: "b-1"}, Reason: topology.ReasonDefaultRoute, Message: "x"}
@@ -165,7 +167,7 @@ func TestRejectionsActive(t *testing.T) {
 		{"everything fixed", time.Second, nil, ""},
 	}
 	for _, tt := range tests {
-		clock = clock.Add(tt.after)
+		clk.SetTime(clk.Now().Add(tt.after))
 		s.Report(ctx, plan(tt.in...))
 		want := ""
 		if tt.want != "" {

@@ -20,22 +20,17 @@ package health
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"time"
 
-	"golang.org/x/net/icmp"
-	"golang.org/x/net/ipv4"
 	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
+	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
 )
 
@@ -142,10 +137,14 @@ func (p *Prober) Run(ctx context.Context) {
 		p.Interval = DefaultInterval
 	}
 	if p.Echo == nil {
-		p.Echo = echo
+		p.Echo = func(ctx context.Context, src, dst netip.Addr) error {
+			return netlinkx.Echo(ctx, src, dst, "meshlet tunnel probe")
+		}
 	}
 	if p.Ping == nil {
-		p.Ping = ping
+		p.Ping = func(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error) {
+			return netlinkx.Ping(ctx, dst, timeout, "meshlet gateway probe")
+		}
 	}
 	p.mu.Lock()
 	p.wake = make(chan struct{}, 1)
@@ -299,99 +298,4 @@ func (p *Prober) log() *slog.Logger {
 		return slog.Default()
 	}
 	return p.Log
-}
-
-// echo sends one ICMP echo request from src to dst (IPv4: WireGuard IPs
-// are) and returns at once. The raw socket bound to src makes the probe
-// leave from it, so the peer answers through the tunnel. It needs
-// CAP_NET_RAW, which the agent has.
-func echo(ctx context.Context, src, dst netip.Addr) error {
-	if !src.Is4() || !dst.Is4() {
-		return fmt.Errorf("probe %s → %s: IPv4 only", src, dst)
-	}
-	c, err := icmp.ListenPacket("ip4:icmp", src.String())
-	if err != nil {
-		return fmt.Errorf("probe %s: %w", dst, err)
-	}
-	defer c.Close()
-	if err := c.SetWriteDeadline(deadline(ctx, time.Second)); err != nil {
-		return fmt.Errorf("probe %s: %w", dst, err)
-	}
-	msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("meshlet tunnel probe")}}
-	b, err := msg.Marshal(nil)
-	if err != nil {
-		return fmt.Errorf("probe %s: %w", dst, err)
-	}
-	if _, err := c.WriteTo(b, &net.IPAddr{IP: net.IP(dst.AsSlice())}); err != nil {
-		return fmt.Errorf("probe %s: %w", dst, err)
-	}
-	return nil
-}
-
-func deadline(ctx context.Context, d time.Duration) time.Time {
-	dl := time.Now().Add(d)
-	if c, ok := ctx.Deadline(); ok && c.Before(dl) {
-		return c
-	}
-	return dl
-}
-
-var seq struct {
-	sync.Mutex
-	n int
-}
-
-// ping sends one ICMP echo request to dst and waits up to timeout for its
-// reply (matched by identifier, sequence and source).
-func ping(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error) {
-	if !dst.Is4() {
-		return false, fmt.Errorf("ping %s: IPv4 only", dst)
-	}
-	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
-	if err != nil {
-		return false, fmt.Errorf("ping %s: %w", dst, err)
-	}
-	defer c.Close()
-	seq.Lock()
-	seq.n = (seq.n + 1) & 0xffff
-	n := seq.n
-	seq.Unlock()
-	id := os.Getpid() & 0xffff
-	msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: n, Data: []byte("meshlet gateway probe")}}
-	b, err := msg.Marshal(nil)
-	if err != nil {
-		return false, fmt.Errorf("ping %s: %w", dst, err)
-	}
-	dl := deadline(ctx, timeout)
-	if err := c.SetDeadline(dl); err != nil {
-		return false, fmt.Errorf("ping %s: %w", dst, err)
-	}
-	if _, err := c.WriteTo(b, &net.IPAddr{IP: net.IP(dst.AsSlice())}); err != nil {
-		return false, fmt.Errorf("ping %s: %w", dst, err)
-	}
-	buf := make([]byte, 1500)
-	for {
-		n2, from, err := c.ReadFrom(buf)
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return false, nil
-			}
-			return false, fmt.Errorf("ping %s: %w", dst, err)
-		}
-		ip, ok := from.(*net.IPAddr)
-		if !ok {
-			continue
-		}
-		if a, ok := netip.AddrFromSlice(ip.IP); !ok || a.Unmap() != dst {
-			continue
-		}
-		m, err := icmp.ParseMessage(1, buf[:n2])
-		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
-			continue
-		}
-		if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == n {
-			return true, nil
-		}
-	}
 }

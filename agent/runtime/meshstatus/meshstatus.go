@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -47,6 +48,8 @@ type Writer struct {
 	Meshes      func() []*clustermesh.ClusterMesh
 	Remotes     func() []cluster.RemoteStatus
 	Log         *slog.Logger
+	// Clock stamps the status (nil: the real clock).
+	Clock clock.PassiveClock
 	// Lease timing (defaults 15 s, 10 s, 2 s: client-go's usual values).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
@@ -132,6 +135,13 @@ func (w *Writer) elect(ctx context.Context) {
 	}
 }
 
+func (w *Writer) now() time.Time {
+	if w.Clock == nil {
+		return clock.RealClock{}.Now()
+	}
+	return w.Clock.Now()
+}
+
 func or(d, def time.Duration) time.Duration {
 	if d > 0 {
 		return d
@@ -179,7 +189,7 @@ func (w *Writer) writeAll(ctx context.Context) {
 		if foreign {
 			continue
 		}
-		st := clustermesh.BuildStatus(m, w.ClusterName, remotes, rejections, time.Now())
+		st := clustermesh.BuildStatus(m, w.ClusterName, remotes, rejections, w.now())
 		if equality.Semantic.DeepEqual(st, m.Status) {
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -120,7 +121,7 @@ type txMark struct {
 // series of prometheus_wireguard_exporter are exported too.
 func NewCollector(iface string, source StatsSource, compat bool, now func() time.Time) *Collector {
 	if now == nil {
-		now = time.Now
+		now = clock.RealClock{}.Now
 	}
 	labels := []string{"interface", "public_key", "peer", "kind", "cluster", "location"}
 	compatLabels := []string{"interface", "public_key", "allowed_ips"}

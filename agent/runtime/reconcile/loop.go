@@ -304,7 +304,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		stop(expiry)
 		expiry = nil
 		if next := l.nextChange.Load(); next != 0 {
-			wait := time.Duration(next-l.Clock.Now().UnixNano()) + 100*time.Millisecond
+			wait := time.Duration(next-l.Clock.Now().UnixNano()) + topology.ExpirySlack
 			expiry = l.Clock.NewTimer(max(wait, 0))
 		}
 		if l.runDone != nil {

@@ -23,12 +23,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/failover"
@@ -45,10 +45,6 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/status"
 )
-
-// MinRunInterval: the loop runs at least this often so that last-seen (Kilo's
-// 60 s readiness window) stays fresh whatever --resync-period says.
-const MinRunInterval = 10 * time.Second
 
 // WireGuard is the device actuator and its stats.
 type WireGuard interface {
@@ -76,6 +72,10 @@ type Options struct {
 	// Grants are the features the agent's RBAC and the cluster's CRDs
 	// allow; nil: asked at New (agent/runtime/grants).
 	Grants grants.Set
+	// Clock is the agent's one clock: it stamps every observation and
+	// drives every timer (docs/architecture.md#one-clock). nil: the real
+	// clock.
+	Clock clock.WithTicker
 }
 
 // Drifter is a Host that can tell, without changing anything, how the host
@@ -111,6 +111,9 @@ func New(o Options) (*Agent, error) {
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	client, err := kubernetes.NewForConfig(o.RestConfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -136,13 +139,13 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-compat: %w", err)
 	}
-	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, compat.WireGuardExporter, nil)
+	collector := metrics.NewCollector(o.Config.Interface, o.WireGuard, compat.WireGuardExporter, o.Clock.Now)
 	o.Registry.MustRegister(collector)
 
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
-		Self: o.Self, WireGuard: o.WireGuard, Host: o.Host, PeerLabels: collector, Metrics: am, Log: o.Log}
+		Self: o.Self, WireGuard: o.WireGuard, Host: o.Host, PeerLabels: collector, Metrics: am, Log: o.Log, Clock: o.Clock}
 	local, err := cluster.NewLocal(cluster.LocalOptions{Config: o.RestConfig, Client: client, Namespace: o.Config.Namespace,
-		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log})
+		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log, Clock: o.Clock})
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +154,8 @@ func New(o Options) (*Agent, error) {
 		return nil, err
 	}
 	secrets.Allowed = grants.SecretAccess(client, o.Config.Namespace)
-	remotes := &cluster.Remotes{Secrets: secrets, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe,
+	secrets.Clock = o.Clock
+	remotes := &cluster.Remotes{Secrets: secrets, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe, Clock: o.Clock,
 		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}}
 	broadcaster := record.NewBroadcaster()
 	var recorder record.EventRecorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
@@ -159,7 +163,7 @@ func New(o Options) (*Agent, error) {
 		recorder = discard{} // logs and metrics still say it
 	}
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
-	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node}
+	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node, Clock: o.Clock}
 	loop.Remotes = remotes
 	var ms *meshstatus.Writer
 	if o.Config.ClusterMeshStatus {
@@ -168,10 +172,10 @@ func New(o Options) (*Agent, error) {
 			return nil, err
 		}
 		ms = &meshstatus.Writer{Client: client, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
-			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log}
+			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log, Clock: o.Clock}
 		loop.MeshStatus = ms
 	}
-	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log}
+	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log, Clock: o.Clock}
 	if compat.Kilo {
 		kiloMetrics := metrics.NewKilo(am)
 		o.Registry.MustRegister(kiloMetrics)
@@ -217,12 +221,12 @@ func (a *Agent) failover(recorder record.EventRecorder) {
 		a.elector = &leadership.Elector{Client: a.client, Namespace: o.Config.Namespace, Identity: o.Node,
 			Duration: o.Config.LeaseDuration, Renew: o.Config.LeaseRenew, Annotations: a.Local.NodeAnnotations,
 			NodeUID:  func(n string) (types.UID, bool) { return a.Local.UID("Node", "", n) },
-			Recorder: recorder, Metrics: lm, Notify: loop.Notify, Log: o.Log}
+			Recorder: recorder, Metrics: lm, Notify: loop.Notify, Log: o.Log, Clock: o.Clock}
 		loop.Snapshots = &leaseSource{Snapshotter: loop.Snapshots, elector: a.elector, local: a.Local, settings: o.Config.Settings()}
 		follow = append(follow, a.elector)
 	}
 	if o.Config.HealthProbeInterval > 0 {
-		a.prober = &health.Prober{Stats: o.WireGuard.Stats, Interval: o.Config.HealthProbeInterval, Notify: loop.Notify, Metrics: lm, Log: o.Log}
+		a.prober = &health.Prober{Stats: o.WireGuard.Stats, Interval: o.Config.HealthProbeInterval, Notify: loop.Notify, Metrics: lm, Log: o.Log, Clock: o.Clock}
 		loop.Self = &healthSelf{SelfSource: loop.Self, prober: a.prober}
 		follow = append(follow, proberFollower{a.prober})
 	}
@@ -363,35 +367,35 @@ const GrantsRecheck = 5 * time.Minute
 // watchGrants asks again every GrantsRecheck which features the agent may
 // use, and reports those turned on.
 func (a *Agent) watchGrants(ctx context.Context, on chan<- []string) {
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	asked := false // at start, by New
-	wait.UntilWithContext(ctx, func(ctx context.Context) {
-		if !asked {
-			asked = true
+	t := a.opts.Clock.NewTicker(GrantsRecheck) // asked at start, by New
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-t.C():
 		}
 		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		now, err := grants.Check(cctx, a.client, a.opts.Config.Namespace)
 		cancel()
 		if turned := grants.Changed(a.opts.Grants, now); err == nil && len(turned) > 0 {
 			on <- turned
-			stop()
+			return
 		}
-	}, GrantsRecheck)
+	}
 }
 
-// forward turns host events and MinRunInterval into loop runs.
+// forward turns host events and topology.MinRunInterval into loop runs.
 func (a *Agent) forward(ctx context.Context) {
-	t := time.NewTicker(MinRunInterval)
+	t := a.opts.Clock.NewTicker(topology.MinRunInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-a.opts.HostEvents:
-			a.Loop.Notify(time.Now())
-		case <-t.C:
+			a.Loop.Notify(a.opts.Clock.Now())
+		case <-t.C():
 			a.Loop.Notify(time.Time{})
 		}
 	}
@@ -402,7 +406,7 @@ func (a *Agent) forward(ctx context.Context) {
 // plan, the remote watchers.
 func (a *Agent) Status(ctx context.Context) status.Status {
 	run, have := a.Loop.Last()
-	in := status.Input{Node: a.opts.Node, Cluster: a.opts.Config.ClusterName, Version: a.opts.Version, Now: time.Now(),
+	in := status.Input{Node: a.opts.Node, Cluster: a.opts.Config.ClusterName, Version: a.opts.Version, Now: a.opts.Clock.Now(),
 		Run: run, HaveRun: have, Ready: a.Loop.Ready(), Remotes: a.Remotes.Status(), FeaturesOff: a.opts.Grants.Off()}
 	in.Device, in.DeviceErr = a.opts.WireGuard.Stats(ctx)
 	if in.DeviceErr == nil {
