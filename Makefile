@@ -12,8 +12,19 @@ PKGS          ?= ./...
 # (make bench-scale).
 TEST_PKGS     ?= $(shell $(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/kernel' -e '/e2e/cmd/' -e '/e2e/node' -e '/e2e/scale')
 BIN           := bin/meshlet
-VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS       := -s -w -X main.version=$(VERSION)
+# Version, commit and build date stamped into the binary (hack/version.sh):
+# the release tag or v0.0.0-dev.g<commit>; the date is the commit's time,
+# so the same commit builds the same bytes. make release VERSION=vX.Y.Z.
+ifeq ($(origin VERSION),undefined)
+VERSION       := $(shell hack/version.sh | sed -n 's/^VERSION=//p')
+endif
+COMMIT        := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+ifeq ($(origin SOURCE_DATE_EPOCH),undefined)
+SOURCE_DATE_EPOCH := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+endif
+BUILD_DATE    := $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS       := -s -w -buildid= -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(BUILD_DATE)
+export VERSION COMMIT SOURCE_DATE_EPOCH
 TEST_TIMEOUT  ?= 30m
 # Real kube-apiserver, kubectl and etcd, built once and cached.
 K8S_BIN       ?= $(shell hack/k8s/ensure.sh)
@@ -27,7 +38,7 @@ NODE_BIN      ?= $(shell hack/k8s/ensure.sh node)
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/meshlet
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/meshlet
 
 # Unit + integration tests (fuzz seed corpora run as plain tests).
 test: build
@@ -86,7 +97,7 @@ demo: build
 IMAGE_TAR     ?= bin/meshlet-image.tar
 image:
 	hack/install-deps.sh image
-	VERSION=$(VERSION) hack/image/build.sh $(IMAGE_TAR)
+	hack/image/build.sh $(IMAGE_TAR)
 
 clean:
 	rm -rf bin e2e-report.txt e2e-node-report.txt scale-report.txt
