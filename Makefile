@@ -28,12 +28,13 @@ export VERSION COMMIT SOURCE_DATE_EPOCH
 TEST_TIMEOUT  ?= 30m
 # Real kube-apiserver, kubectl and etcd, built once and cached.
 K8S_BIN       ?= $(shell hack/k8s/ensure.sh)
-# staticcheck, kustomize, helm and crane, pinned in hack/tools and cached the same way.
+# staticcheck, kustomize, helm, crane (hack/tools), golangci-lint, cyclonedx-gomod
+# (hack/tools/lint) and actionlint (hack/tools/actionlint), pinned and cached the same way.
 TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
 # kubelet, kube-controller-manager, kube-scheduler (hack/node), for make e2e-node.
 NODE_BIN      ?= $(shell hack/k8s/ensure.sh node)
 
-.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image clean
+.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image release release-check clean
 
 all: build
 
@@ -49,10 +50,16 @@ test: build
 unit:
 	$(GO) test -short -count=1 $(TEST_PKGS)
 
+# gofmt over every Go file (the nested modules too); golangci-lint
+# (.golangci.yml: govet, staticcheck, errcheck, ineffassign, unused, misspell,
+# bodyclose, nolintlint); actionlint on .github/workflows; helm lint --strict
+# of the chart with its defaults and with every value set.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
-	$(TOOLS_BIN)/staticcheck $(PKGS)
+	$(TOOLS_BIN)/golangci-lint run $(PKGS)
+	$(TOOLS_BIN)/actionlint
+	$(TOOLS_BIN)/helm lint --strict manifests/chart
+	$(TOOLS_BIN)/helm lint --strict manifests/chart -f manifests/testdata/values/everything.yaml
 
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
@@ -99,5 +106,17 @@ image:
 	hack/install-deps.sh image
 	hack/image/build.sh $(IMAGE_TAR)
 
+# A release's artefacts in dist/ (image, chart, binaries, SBOMs, notes,
+# checksums): make release VERSION=v0.1.0 (docs/releasing.md). Root (the
+# image's smoke test chroots).
+release:
+	hack/install-deps.sh image
+	VERSION=$(VERSION) hack/release/release.sh
+
+# The release built twice from this commit must give the same bytes.
+release-check:
+	hack/install-deps.sh image
+	VERSION=$(or $(RELEASE_VERSION),v0.1.0-rc.1) hack/release/reproducible.sh
+
 clean:
-	rm -rf bin e2e-report.txt e2e-node-report.txt scale-report.txt
+	rm -rf bin dist e2e-report.txt e2e-node-report.txt scale-report.txt
