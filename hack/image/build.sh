@@ -4,7 +4,9 @@
 #
 #   hack/image/build.sh [OUT.tar]     (default bin/meshlet-image.tar)
 #   env: VERSION (hack/version.sh), IMAGE (ghcr.io/meshlet/meshlet:$VERSION),
-#        ARCHES ("amd64 arm64"), SOURCE_DATE_EPOCH (the commit time)
+#        ARCHES ("amd64 arm64"), SOURCE_DATE_EPOCH (the commit time),
+#        BIN_OUT (a directory: keep each platform's binary there as meshlet-<arch>
+#        and its rootfs's Debian package list as packages-<arch>.txt; make release)
 #
 # Per architecture: the static binary (CGO_ENABLED=0, GOARCH) and the Debian
 # rootfs (rootfs.sh; cached, see below); then mkimage (main.go) writes both
@@ -59,6 +61,11 @@ for arch in $ARCHES; do
 		exec {lockfd}>&-
 	fi
 	args+=(--platform "linux/$arch=$rootfs,$work/meshlet-$arch")
+	if [ -n "${BIN_OUT:-}" ]; then
+		mkdir -p "$BIN_OUT"
+		cp "$work/meshlet-$arch" "$BIN_OUT/meshlet-$arch"
+		tar -xOf "$rootfs" ./usr/share/meshlet/packages.txt >"$BIN_OUT/packages-$arch.txt"
+	fi
 done
 # Smoke test where the machine can run it: the host's architecture's rootfs
 # with the binary, chrooted: meshlet starts and both iptables backends find
