@@ -81,11 +81,17 @@ e2e: build
 	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt'
 	@grep -h 'RESULT' e2e-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
-# Real kubelets + containerd register Ready nodes; meshlet's chart installs
-# the image of make image from a registry (e2e/node/README.md). Root.
-e2e-node: image build
+# Real kubelets + containerd register Ready nodes; this tree's release (make
+# release into bin/e2e-node-dist) and the previous one (hack/release/previous.sh,
+# cached) are published to a registry and installed from it as OCI charts:
+# N-1 -> N -> N-1 -> N under pings, helm test (e2e/node/README.md). Root.
+E2E_NODE_DIST ?= bin/e2e-node-dist
+E2E_NODE_PREV ?= bin/e2e-node-previous
+e2e-node: build
 	hack/install-deps.sh node
-	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) MESHLET_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
+	DIST=$(E2E_NODE_DIST) ALLOW_DIRTY=1 hack/release/release.sh >/dev/null
+	hack/release/previous.sh $(E2E_NODE_PREV)
+	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) MESHLET_DIST=$(CURDIR)/$(E2E_NODE_DIST) MESHLET_PREVIOUS=$(CURDIR)/$(E2E_NODE_PREV) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
 	@grep -h 'RESULT' e2e-node-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
 e2e-kernel: build
