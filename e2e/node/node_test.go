@@ -259,8 +259,18 @@ func TestNodeLane(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			t.Logf("RESULT %s: rollout %.1fs; %d/%d pings lost (10/s) over %d gaps %v, longest %s; annotations kept and rewritten, Leases held and renewed; orphaned objects %d %v",
-				what, rolled.Seconds(), res.sent-res.received, res.sent, len(res.gaps()), res.gaps(), res.longestGap(), len(extra), extra)
+			// Each node leads its location (one node each) under the
+			// version now running.
+			for _, n := range lane.Nodes() {
+				if err := poll(ctx, time.Minute, n.Name+" leads its location", func() (bool, error) {
+					m, err := metrics(ctx, httpc, n)
+					return err == nil && strings.Contains(m, "\nmeshlet_leader 1\n"), err
+				}); err != nil {
+					return err
+				}
+			}
+			t.Logf("RESULT %s: rollout %.1fs; %d/%d pings lost (10/s) over %d gaps %v, longest %s; annotations kept and rewritten by the new agents, each node its location's leader, %d location Leases (all held and renewed); orphaned objects %d %v",
+				what, rolled.Seconds(), res.sent-res.received, res.sent, len(res.gaps()), res.gaps(), res.longestGap(), leaseCount(ctx, cs), len(extra), extra)
 			if len(extra) > 0 {
 				return fmt.Errorf("objects left behind: %v", extra)
 			}

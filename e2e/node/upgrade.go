@@ -95,8 +95,8 @@ func readNodeStates(ctx context.Context, cs kubernetes.Interface, nodes []*Node)
 // checkAcrossVersions waits until every node's annotations were written
 // again after since (last-seen advanced: the new version's agent runs and
 // reads what the old one wrote) with the same key, WireGuard IP, endpoint
-// and internal IP as before, and until every location's Lease is held by
-// its node and renewed after since.
+// and internal IP as before, and until every location Lease is held and
+// renewed after since (checkLeases).
 func checkAcrossVersions(ctx context.Context, cs kubernetes.Interface, nodes []*Node, before map[string]nodeState, since time.Time) error {
 	err := poll(ctx, 2*time.Minute, "annotations rewritten by the new version", func() (bool, error) {
 		now, err := readNodeStates(ctx, cs, nodes)
@@ -117,23 +117,54 @@ func checkAcrossVersions(ctx context.Context, cs kubernetes.Interface, nodes []*
 	if err != nil {
 		return err
 	}
+	return checkLeases(ctx, cs, nodes, since)
+}
+
+// checkLeases: every location Lease (meshlet-leader-<location>) is held by
+// a node of the lane and renewed after since, and no holder is gone. A
+// location of one node is not governed by a Lease (topology.Governance:
+// nothing to fail over to), so in this lane, one node per location, there
+// are none unless a version writes one where it should not; the leader
+// role itself is checked from each agent's meshlet_leader metric.
+func checkLeases(ctx context.Context, cs kubernetes.Interface, nodes []*Node, since time.Time) error {
+	names := map[string]bool{}
+	for _, n := range nodes {
+		names[n.Name] = true
+	}
 	return poll(ctx, 2*time.Minute, "location Leases held and renewed", func() (bool, error) {
-		for _, n := range nodes {
-			name := fmt.Sprintf("meshlet-leader-loc-%d", n.Index)
-			l, err := cs.CoordinationV1().Leases(kiloNS).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
+		l, err := cs.CoordinationV1().Leases(kiloNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, lease := range l.Items {
+			if !strings.HasPrefix(lease.Name, "meshlet-leader-") {
+				continue
 			}
 			holder := ""
-			if l.Spec.HolderIdentity != nil {
-				holder = *l.Spec.HolderIdentity
+			if lease.Spec.HolderIdentity != nil {
+				holder = *lease.Spec.HolderIdentity
 			}
-			if holder != n.Name || l.Spec.RenewTime == nil || !l.Spec.RenewTime.After(since) {
-				return false, fmt.Errorf("Lease %s: holder %q, renewed %v (want %s, after %s)", name, holder, l.Spec.RenewTime, n.Name, since)
+			if !names[holder] || lease.Spec.RenewTime == nil || !lease.Spec.RenewTime.After(since) {
+				return false, fmt.Errorf("Lease %s: holder %q, renewed %v (want a node of the lane, after %s)", lease.Name, holder, lease.Spec.RenewTime, since)
 			}
 		}
 		return true, nil
 	})
+}
+
+// leaseCount is the number of location Leases.
+func leaseCount(ctx context.Context, cs kubernetes.Interface) int {
+	l, err := cs.CoordinationV1().Leases(kiloNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, lease := range l.Items {
+		if strings.HasPrefix(lease.Name, "meshlet-leader-") {
+			n++
+		}
+	}
+	return n
 }
 
 // chartKinds are the kinds meshlet's chart renders (and helm test's hooks).
