@@ -225,7 +225,9 @@ func orphans(ctx context.Context, dyn dynamic.Interface, manifest string) ([]str
 		return nil, err
 	}
 	for _, p := range pods.Items {
-		extra = append(extra, "Pod/"+p.GetName())
+		if p.GetDeletionTimestamp() == nil { // a pod being deleted is not left behind
+			extra = append(extra, "Pod/"+p.GetName())
+		}
 	}
 	sort.Strings(extra)
 	return extra, nil
