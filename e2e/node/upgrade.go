@@ -145,7 +145,7 @@ func checkLeases(ctx context.Context, cs kubernetes.Interface, nodes []*Node, si
 				holder = *lease.Spec.HolderIdentity
 			}
 			if !names[holder] || lease.Spec.RenewTime == nil || !lease.Spec.RenewTime.After(since) {
-				return false, fmt.Errorf("Lease %s: holder %q, renewed %v (want a node of the lane, after %s)", lease.Name, holder, lease.Spec.RenewTime, since)
+				return false, fmt.Errorf("location Lease %s: holder %q, renewed %v (want a node of the lane, after %s)", lease.Name, holder, lease.Spec.RenewTime, since)
 			}
 		}
 		return true, nil
