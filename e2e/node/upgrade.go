@@ -189,7 +189,8 @@ var chartKinds = []struct {
 // hold: what an upgrade or a rollback left behind, or a helm test hook not
 // deleted. The DaemonSet's pods and ControllerRevisions and the agents'
 // Leases are the DaemonSet's and the agents' own (pods: one per node of the
-// release's image, checked by the caller); helm test's pod must be gone.
+// release's image, checked by the caller); helm test's pod stays, as Helm
+// keeps it for its logs; any other pod of meshlet's is left behind.
 func orphans(ctx context.Context, dyn dynamic.Interface, manifest string) ([]string, error) {
 	want := map[string]bool{}
 	for _, doc := range strings.Split(manifest, "\n---") {
@@ -225,7 +226,9 @@ func orphans(ctx context.Context, dyn dynamic.Interface, manifest string) ([]str
 		return nil, err
 	}
 	for _, p := range pods.Items {
-		if p.GetDeletionTimestamp() == nil { // a pod being deleted is not left behind
+		// A pod being deleted is not left behind; helm test's pod is kept
+		// by Helm for `helm test --logs` until the next test.
+		if p.GetDeletionTimestamp() == nil && p.GetAnnotations()["helm.sh/hook"] != "test" {
 			extra = append(extra, "Pod/"+p.GetName())
 		}
 	}
