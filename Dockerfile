@@ -14,13 +14,18 @@
 # runtime image, and the same binary the tests and e2e run.
 FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 ARG TARGETARCH
+# What make release stamps (hack/version.sh): docker buildx build
+#   --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) \
+#   --build-arg BUILD_DATE=$(date -u -d @$(git log -1 --format=%ct) +%Y-%m-%dT%H:%M:%SZ)
 ARG VERSION=dev
+ARG COMMIT=unknown
+ARG BUILD_DATE=unknown
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 GOOS=linux GOARCH=${TARGETARCH} go build -trimpath -buildvcs=false \
-        -ldflags "-s -w -buildid= -X main.version=${VERSION}" -o /out/meshlet ./cmd/meshlet
+        -ldflags "-s -w -buildid= -X main.version=${VERSION} -X main.commit=${COMMIT} -X main.date=${BUILD_DATE}" -o /out/meshlet ./cmd/meshlet
 
 # Stage 2: the Debian rootfs (iptables with both backends, ca-certificates),
 # unpacked by mmdebstrap for the target's architecture without emulation.

@@ -12,22 +12,34 @@ PKGS          ?= ./...
 # (make bench-scale).
 TEST_PKGS     ?= $(shell $(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/kernel' -e '/e2e/cmd/' -e '/e2e/node' -e '/e2e/scale')
 BIN           := bin/meshlet
-VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS       := -s -w -X main.version=$(VERSION)
+# Version, commit and build date stamped into the binary (hack/version.sh):
+# the release tag or v0.0.0-dev.g<commit>; the date is the commit's time,
+# so the same commit builds the same bytes. make release VERSION=vX.Y.Z.
+ifeq ($(origin VERSION),undefined)
+VERSION       := $(shell hack/version.sh | sed -n 's/^VERSION=//p')
+endif
+COMMIT        := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+ifeq ($(origin SOURCE_DATE_EPOCH),undefined)
+SOURCE_DATE_EPOCH := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+endif
+BUILD_DATE    := $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS       := -s -w -buildid= -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(BUILD_DATE)
+export VERSION COMMIT SOURCE_DATE_EPOCH
 TEST_TIMEOUT  ?= 30m
 # Real kube-apiserver, kubectl and etcd, built once and cached.
 K8S_BIN       ?= $(shell hack/k8s/ensure.sh)
-# staticcheck, kustomize, helm and crane, pinned in hack/tools and cached the same way.
+# staticcheck, kustomize, helm, crane (hack/tools), golangci-lint, cyclonedx-gomod
+# (hack/tools/lint) and actionlint (hack/tools/actionlint), pinned and cached the same way.
 TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
 # kubelet, kube-controller-manager, kube-scheduler (hack/node), for make e2e-node.
 NODE_BIN      ?= $(shell hack/k8s/ensure.sh node)
 
-.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image clean
+.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image release release-check clean
 
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/meshlet
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/meshlet
 
 # Unit + integration tests (fuzz seed corpora run as plain tests).
 test: build
@@ -38,10 +50,16 @@ test: build
 unit:
 	$(GO) test -short -count=1 $(TEST_PKGS)
 
+# gofmt over every Go file (the nested modules too); golangci-lint
+# (.golangci.yml: govet, staticcheck, errcheck, ineffassign, unused, misspell,
+# bodyclose, nolintlint); actionlint on .github/workflows; helm lint --strict
+# of the chart with its defaults and with every value set.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
-	$(TOOLS_BIN)/staticcheck $(PKGS)
+	$(TOOLS_BIN)/golangci-lint run $(PKGS)
+	$(TOOLS_BIN)/actionlint
+	$(TOOLS_BIN)/helm lint --strict manifests/chart
+	$(TOOLS_BIN)/helm lint --strict manifests/chart -f manifests/testdata/values/everything.yaml
 
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
@@ -63,11 +81,17 @@ e2e: build
 	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v ./e2e/ 2>&1 | tee e2e-report.txt'
 	@grep -h 'RESULT' e2e-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
-# Real kubelets + containerd register Ready nodes; meshlet's chart installs
-# the image of make image from a registry (e2e/node/README.md). Root.
-e2e-node: image build
+# Real kubelets + containerd register Ready nodes; this tree's release (make
+# release into bin/e2e-node-dist) and the previous one (hack/release/previous.sh,
+# cached) are published to a registry and installed from it as OCI charts:
+# N-1 -> N -> N-1 -> N under pings, helm test (e2e/node/README.md). Root.
+E2E_NODE_DIST ?= bin/e2e-node-dist
+E2E_NODE_PREV ?= bin/e2e-node-previous
+e2e-node: build
 	hack/install-deps.sh node
-	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) MESHLET_IMAGE=$(CURDIR)/$(IMAGE_TAR) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
+	DIST=$(E2E_NODE_DIST) ALLOW_DIRTY=1 hack/release/release.sh >/dev/null
+	hack/release/previous.sh $(E2E_NODE_PREV)
+	bash -o pipefail -c 'MESHLET_K8S_BIN=$(K8S_BIN) MESHLET_TOOLS_BIN=$(TOOLS_BIN) MESHLET_NODE_BIN=$(NODE_BIN) MESHLET_BIN=$(CURDIR)/$(BIN) MESHLET_DIST=$(CURDIR)/$(E2E_NODE_DIST) MESHLET_PREVIOUS=$(CURDIR)/$(E2E_NODE_PREV) $(GO) test -count=1 -timeout 30m -v ./e2e/node/ 2>&1 | tee e2e-node-report.txt'
 	@grep -h 'RESULT' e2e-node-report.txt | sed 's/^ *[a-z_]*\.go:[0-9]*: //' || true
 
 e2e-kernel: build
@@ -86,7 +110,19 @@ demo: build
 IMAGE_TAR     ?= bin/meshlet-image.tar
 image:
 	hack/install-deps.sh image
-	VERSION=$(VERSION) hack/image/build.sh $(IMAGE_TAR)
+	hack/image/build.sh $(IMAGE_TAR)
+
+# A release's artefacts in dist/ (image, chart, binaries, SBOMs, notes,
+# checksums): make release VERSION=v0.1.0 (docs/releasing.md). Root (the
+# image's smoke test chroots).
+release:
+	hack/install-deps.sh image
+	VERSION=$(VERSION) hack/release/release.sh
+
+# The release built twice from this commit must give the same bytes.
+release-check:
+	hack/install-deps.sh image
+	VERSION=$(or $(RELEASE_VERSION),v0.1.0-rc.1) hack/release/reproducible.sh
 
 clean:
-	rm -rf bin e2e-report.txt e2e-node-report.txt scale-report.txt
+	rm -rf bin dist e2e-report.txt e2e-node-report.txt scale-report.txt

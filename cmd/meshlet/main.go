@@ -24,9 +24,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set by the build (-X main.version=...).
-var version = "dev"
-
 // usageError is a wrong command line (exit status 2); any other error is a
 // failure at run time (exit status 1).
 type usageError struct{ err error }
@@ -52,7 +49,10 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 			"and joins several clusters into one mesh (README.md).",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// meshlet --version: one line, as kg's and kgctl's --version.
+		Version: version,
 	}
+	root.SetVersionTemplate("meshlet {{.Version}}\n")
 	root.SetOut(out)
 	root.SetErr(errOut)
 	// A wrong flag is a usage error: one line and a hint, not the whole
@@ -100,18 +100,6 @@ func main() {
 	code := execute(ctx, args, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
-}
-
-func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the version",
-		Args:  cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			fmt.Fprintln(c.OutOrStdout(), "meshlet", version)
-			return nil
-		},
-	}
 }
 
 func newLogger(level string) *slog.Logger {

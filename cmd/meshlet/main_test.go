@@ -30,7 +30,11 @@ func TestCommandLine(t *testing.T) {
 		{"run help", []string{"run", "--help"}, 0, "--interface string", ""},
 		{"plan help", []string{"plan", "-h"}, 0, "--node string", ""},
 		{"cleanup help", []string{"cleanup", "--help"}, 0, "Usage:", ""},
-		{"version", []string{"version"}, 0, "meshlet dev", ""},
+		{"version", []string{"version"}, 0, "meshlet dev\n  commit:   ", ""},
+		{"version --short", []string{"version", "--short"}, 0, "dev\n", ""},
+		{"--version", []string{"--version"}, 0, "dev\n", ""},
+		{"version -o json", []string{"version", "-o", "json"}, 0, `"version": "dev"`, ""},
+		{"version -o bad", []string{"version", "-o", "yaml"}, 2, "", "meshlet version: --output: \"yaml\" must be text or json\n"},
 		{"unknown flag", []string{"run", "--bogus"}, 2, "", "meshlet run: unknown flag: --bogus (see 'meshlet run --help')\n"},
 		{"single-dash long flag", []string{"run", "-interface=kilo0"}, 2, "", "meshlet run: unknown shorthand flag: 'i' in -interface=kilo0 (see 'meshlet run --help')\n"},
 		{"unknown command", []string{"bogus"}, 2, "", "meshlet: unknown command \"bogus\" for \"meshlet\"\n"},
@@ -105,5 +109,29 @@ func TestKgDefaults(t *testing.T) {
 		if got := run.Lookup(name).DefValue; got != want[1] {
 			t.Errorf("run --%s defaults to %q, want %q", name, got, want[1])
 		}
+	}
+}
+
+// TestVersionStamped: what the build's -X main.version/commit/date give,
+// whole (the release notes and bug reports quote it).
+func TestVersionStamped(t *testing.T) {
+	saved := [3]string{version, commit, date}
+	t.Cleanup(func() { version, commit, date = saved[0], saved[1], saved[2] })
+	version, commit, date = "v0.1.0-rc.1", "86436011d983d1c5eaf6c6b397f5e6c3b66f431e", "2026-12-01T15:24:27Z"
+	var out bytes.Buffer
+	if err := runCmd([]string{"version"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	b := currentBuild()
+	want := "meshlet v0.1.0-rc.1\n" +
+		"  commit:   86436011d983d1c5eaf6c6b397f5e6c3b66f431e\n" +
+		"  built:    2026-12-01T15:24:27Z\n" +
+		"  go:       " + b.GoVersion + " " + b.Platform + "\n"
+	if out.String() != want {
+		t.Errorf("meshlet version:\n%s\nwant:\n%s", out.String(), want)
+	}
+	out.Reset()
+	if err := runCmd([]string{"version", "--short"}, &out); err != nil || out.String() != "v0.1.0-rc.1\n" {
+		t.Errorf("meshlet version --short = %q, %v", out.String(), err)
 	}
 }

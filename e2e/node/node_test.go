@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/meshlet/meshlet/agent/runtime/status"
@@ -52,13 +53,24 @@ func env(t *testing.T, name string) string {
 
 // TestNodeLane is make e2e-node: README.md says what each step proves.
 func TestNodeLane(t *testing.T) {
-	if os.Getenv("MESHLET_IMAGE") == "" {
-		t.Skip("MESHLET_IMAGE is not set: make e2e-node runs this lane")
+	if os.Getenv("MESHLET_DIST") == "" {
+		t.Skip("MESHLET_DIST is not set: make e2e-node runs this lane")
 	}
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: network, mount and cgroup namespaces, kubelet, containerd")
 	}
-	image := env(t, "MESHLET_IMAGE")
+	// This tree's release (make release's dist/) and the previous one
+	// (hack/release/previous.sh), both installed from the lane's registry.
+	cur, err := CurrentRelease(env(t, "MESHLET_DIST"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := PreviousRelease(env(t, "MESHLET_PREVIOUS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RESULT releases: N %s (chart %s), N-1 %s (chart %s, %s commit %s)", cur.Version, cur.ChartVersion,
+		prev.Version, prev.ChartVersion, prev.From, prev.Rev)
 	bins := Bins{K8s: env(t, "MESHLET_K8S_BIN"), Node: env(t, "MESHLET_NODE_BIN"), Tools: env(t, "MESHLET_TOOLS_BIN")}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -90,8 +102,38 @@ func TestNodeLane(t *testing.T) {
 	step("control plane ready", func() error { return lane.ControlPlane(ctx) })
 	admin := lane.Config("admin")
 	cs := kubernetes.NewForConfigOrDie(admin)
+	dyn := dynamic.NewForConfigOrDie(admin)
 
-	step("images pushed", func() error { return pushImages(ctx, t, lane, image, dir) })
+	step("images pushed", func() error { return pushImages(ctx, t, lane, cur.ImageTar, dir) })
+	// As the release workflow publishes to ghcr.io: hack/release/publish.sh
+	// (crane push --index, helm push), here to the lane's registry, which
+	// containerd mirrors for ghcr.io. The previous release: its image under
+	// its version and, as its chart's default was, :latest.
+	chartRef := "oci://" + lane.Registry() + "/meshlet/charts/meshlet"
+	step("release published (publish.sh)", func() error {
+		out, err := lane.InNS(ctx, "env", "PATH="+bins.Tools+":"+os.Getenv("PATH"), "PLAIN_HTTP=1",
+			filepath.Join(root, "hack", "release", "publish.sh"), filepath.Dir(cur.ImageTar), lane.Registry()+"/meshlet")
+		t.Logf("OUTPUT publish.sh:\n%s", out)
+		if err != nil {
+			return err
+		}
+		if err := pushLayout(ctx, lane, prev.ImageTar, dir, "prev", lane.Registry()+"/meshlet/meshlet:"+prev.Version, lane.Registry()+"/meshlet/meshlet:latest"); err != nil {
+			return err
+		}
+		_, err = lane.Helm(ctx, "push", prev.ChartTgz, "oci://"+lane.Registry()+"/meshlet/charts", "--plain-http")
+		return err
+	})
+	// The values of this lane, the same for every release installed.
+	laneValues := []string{"--set", "wireguard.sidecar=true",
+		// As a Talos node reaches KubePrism: the API server's address
+		// straight, not the kubernetes Service (no kube-proxy here).
+		"--set", "apiServer.host=" + cpIP, "--set", "apiServer.port=" + strconv.Itoa(apiPort),
+		// No Cilium on these nodes: Kilo's plain mode.
+		"--set", "compatibility=",
+		// helm test reads the agents' status too (an operator's grant).
+		"--set", "tests.agents=true"}
+	fromRegistry := func(version string) []string { return []string{chartRef, "--version", version, "--plain-http"} }
+	prevTag := "latest" // the N-1 chart's default image tag
 
 	for _, n := range lane.Nodes() {
 		n := n
@@ -127,20 +169,15 @@ func TestNodeLane(t *testing.T) {
 		return nil
 	})
 	installStart := time.Now()
-	step("helm install", func() error {
-		_, err := lane.Helm(ctx, "install", "meshlet", filepath.Join(root, "manifests", "chart"), "--namespace", kiloNS,
-			"--set", "image.tag=e2e1", "--set", "wireguard.sidecar=true",
-			// As a Talos node reaches KubePrism: the API server's address
-			// straight, not the kubernetes Service (no kube-proxy here).
-			"--set", "apiServer.host="+cpIP, "--set", "apiServer.port="+strconv.Itoa(apiPort),
-			// No Cilium on these nodes: Kilo's plain mode.
-			"--set", "compatibility=")
+	step("helm install N-1 (oci)", func() error {
+		_, err := lane.Helm(ctx, append(append([]string{"install", "meshlet"}, fromRegistry(prev.ChartVersion)...),
+			append([]string{"--namespace", kiloNS}, laneValues...)...)...)
 		return err
 	})
 	var pods []corev1.Pod
 	step("meshlet pods Ready", func() error {
 		var err error
-		pods, err = waitDaemonSetPods(ctx, cs, "e2e1", nodes, 3*time.Minute)
+		pods, err = waitDaemonSetPods(ctx, cs, prevTag, nodes, 3*time.Minute)
 		return err
 	})
 	for _, p := range pods {
@@ -185,6 +222,86 @@ func TestNodeLane(t *testing.T) {
 		t.Logf("RESULT ping %s(%s) -> %s(%s): %d/%d", pinger.Spec.NodeName, pinger.Status.PodIP, target.Spec.NodeName, target.Status.PodIP, res.received, res.sent)
 		return nil
 	})
+
+	// N-1 -> N -> N-1 (and N again for the rest of the lane) while the
+	// pod on node1 pings the one on node2 10 times a second: pings lost,
+	// the longest gap; every node's annotations rewritten by the new
+	// version unchanged, every location's Lease held and renewed, no object
+	// left that the release's manifest does not hold.
+	transition := func(what, wantTag string, count int, helmArgs ...string) func() error {
+		return func() error {
+			before, err := readNodeStates(ctx, cs, lane.Nodes())
+			if err != nil {
+				return err
+			}
+			pingDone := pingAsync(ctx, lane, pinger.Name, target.Status.PodIP, count, "0.1")
+			start := time.Now()
+			if _, err := lane.Helm(ctx, helmArgs...); err != nil {
+				<-pingDone
+				return err
+			}
+			newPods, err := waitDaemonSetPods(ctx, cs, wantTag, nodes, 4*time.Minute)
+			rolled := time.Since(start)
+			res := <-pingDone
+			if err != nil {
+				return err
+			}
+			if res.err != nil {
+				return res.err
+			}
+			pods = newPods
+			if err := checkAcrossVersions(ctx, cs, lane.Nodes(), before, start); err != nil {
+				return err
+			}
+			manifest, err := lane.Helm(ctx, "get", "manifest", "meshlet", "--namespace", kiloNS)
+			if err != nil {
+				return err
+			}
+			extra, err := orphans(ctx, dyn, manifest)
+			if err != nil {
+				return err
+			}
+			// Each node leads its location (one node each) under the
+			// version now running.
+			for _, n := range lane.Nodes() {
+				if err := poll(ctx, time.Minute, n.Name+" leads its location", func() (bool, error) {
+					m, err := metrics(ctx, httpc, n)
+					return err == nil && strings.Contains(m, "\nmeshlet_leader 1\n"), err
+				}); err != nil {
+					return err
+				}
+			}
+			t.Logf("RESULT %s: rollout %.1fs; %d/%d pings lost (10/s) over %d gaps %v, longest %s; annotations kept and rewritten by the new agents, each node its location's leader, %d location Leases (all held and renewed); orphaned objects %d %v",
+				what, rolled.Seconds(), res.sent-res.received, res.sent, len(res.gaps()), res.gaps(), res.longestGap(), leaseCount(ctx, cs), len(extra), extra)
+			if len(extra) > 0 {
+				return fmt.Errorf("objects left behind: %v", extra)
+			}
+			if res.received == 0 {
+				return fmt.Errorf("no ping answered during %s", what)
+			}
+			return nil
+		}
+	}
+	upgradeArgs := func(version string) []string {
+		return append(append([]string{"upgrade", "meshlet"}, fromRegistry(version)...),
+			append([]string{"--namespace", kiloNS, "--reset-values"}, laneValues...)...)
+	}
+	step("upgrade N-1 -> N (oci)", transition("upgrade "+prev.Version+" -> "+cur.Version, cur.Version, 300, upgradeArgs(cur.ChartVersion)...))
+	step("helm test (meshlet diagnose)", func() error {
+		out, err := lane.Helm(ctx, "test", "meshlet", "--namespace", kiloNS, "--logs", "--timeout", "3m")
+		t.Logf("OUTPUT helm test meshlet --logs:\n%s", out)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "Succeeded") || !strings.Contains(out, "every judged peer of the 2 agents read is up") {
+			return fmt.Errorf("helm test did not pass with every peer up")
+		}
+		return nil
+	})
+	step("rollback N -> N-1", transition("rollback "+cur.Version+" -> "+prev.Version, prevTag, 300,
+		"rollback", "meshlet", "1", "--namespace", kiloNS))
+	step("upgrade N-1 -> N again", transition("upgrade "+prev.Version+" -> "+cur.Version+" (after the rollback)", cur.Version, 300,
+		upgradeArgs(cur.ChartVersion)...))
 
 	n1, n2 := lane.Nodes()[0], lane.Nodes()[1]
 	// The operator's view on real pods: `meshlet status` inside the agent's
@@ -289,8 +406,8 @@ func TestNodeLane(t *testing.T) {
 			}
 			pingDone := pingAsync(ctx, lane, pinger.Name, target.Status.PodIP, count, "0.2")
 			rollStart := time.Now()
-			if _, err := lane.Helm(ctx, "upgrade", "meshlet", filepath.Join(root, "manifests", "chart"), "--namespace", kiloNS,
-				"--reuse-values", "--set", "image.tag="+tag); err != nil {
+			if _, err := lane.Helm(ctx, append(append([]string{"upgrade", "meshlet"}, fromRegistry(cur.ChartVersion)...),
+				"--namespace", kiloNS, "--reuse-values", "--set", "image.tag="+tag)...); err != nil {
 				return err
 			}
 			newPods, err := waitDaemonSetPods(ctx, cs, tag, nodes, 4*time.Minute)
@@ -347,8 +464,8 @@ func TestNodeLane(t *testing.T) {
 	// device as a child in its own container (read-only root, emptyDir at
 	// /var/run/wireguard).
 	step("default userspace device (no sidecar)", func() error {
-		if _, err := lane.Helm(ctx, "upgrade", "meshlet", filepath.Join(root, "manifests", "chart"), "--namespace", kiloNS,
-			"--reuse-values", "--set", "wireguard.sidecar=false", "--set", "image.tag=e2e2"); err != nil {
+		if _, err := lane.Helm(ctx, append(append([]string{"upgrade", "meshlet"}, fromRegistry(cur.ChartVersion)...),
+			"--namespace", kiloNS, "--reuse-values", "--set", "wireguard.sidecar=false", "--set", "image.tag=e2e2")...); err != nil {
 			return err
 		}
 		if err := poll(ctx, 3*time.Minute, "pods without the sidecar", func() (bool, error) {
@@ -388,18 +505,28 @@ func TestNodeLane(t *testing.T) {
 	})
 }
 
-func pushImages(ctx context.Context, t *testing.T, lane *Lane, image, dir string) error {
-	layout := filepath.Join(dir, "image")
+// pushLayout pushes an OCI layout tarball's index under every ref.
+func pushLayout(ctx context.Context, lane *Lane, image, dir, name string, refs ...string) error {
+	layout := filepath.Join(dir, name)
 	if err := os.MkdirAll(layout, 0o755); err != nil {
 		return err
 	}
 	if out, err := exec.CommandContext(ctx, "tar", "-xf", image, "-C", layout).CombinedOutput(); err != nil {
 		return fmt.Errorf("unpacking %s: %w %s", image, err, out)
 	}
-	for _, tag := range []string{"e2e1", "e2e2"} {
-		if _, err := lane.Crane(ctx, "push", "--index", layout, lane.Registry()+"/meshlet/meshlet:"+tag); err != nil {
+	for _, ref := range refs {
+		if _, err := lane.Crane(ctx, "push", "--index", layout, ref); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// pushImages pushes this tree's image as e2e1 and e2e2 (the rolling updates'
+// tags), a pause image and a busybox image.
+func pushImages(ctx context.Context, t *testing.T, lane *Lane, image, dir string) error {
+	if err := pushLayout(ctx, lane, image, dir, "image", lane.Registry()+"/meshlet/meshlet:e2e1", lane.Registry()+"/meshlet/meshlet:e2e2"); err != nil {
+		return err
 	}
 	// The sandbox (pause) image and a busybox image for the ping pods.
 	pause := filepath.Join(dir, "pause-bin")

@@ -3,8 +3,10 @@
 # engine or a registry, from this repository and Debian's packages alone.
 #
 #   hack/image/build.sh [OUT.tar]     (default bin/meshlet-image.tar)
-#   env: VERSION (git describe), IMAGE (ghcr.io/meshlet/meshlet:$VERSION),
-#        ARCHES ("amd64 arm64"), SOURCE_DATE_EPOCH (the commit time)
+#   env: VERSION (hack/version.sh), IMAGE (ghcr.io/meshlet/meshlet:$VERSION),
+#        ARCHES ("amd64 arm64"), SOURCE_DATE_EPOCH (the commit time),
+#        BIN_OUT (a directory: keep each platform's binary there as meshlet-<arch>
+#        and its rootfs's Debian package list as packages-<arch>.txt; make release)
 #
 # Per architecture: the static binary (CGO_ENABLED=0, GOARCH) and the Debian
 # rootfs (rootfs.sh; cached, see below); then mkimage (main.go) writes both
@@ -19,12 +21,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cd "$repo"
 out=${1:-bin/meshlet-image.tar}
-VERSION=${VERSION:-$(git describe --always --dirty 2>/dev/null || echo dev)}
+# VERSION, COMMIT, SOURCE_DATE_EPOCH (the commit's time: the same commit
+# gives the same image bytes) and BUILD_DATE, unless set.
+eval "$("$repo/hack/version.sh")"
+export VERSION SOURCE_DATE_EPOCH
 IMAGE=${IMAGE:-ghcr.io/meshlet/meshlet:$VERSION}
 ARCHES=${ARCHES:-amd64 arm64}
-revision=$(git rev-parse HEAD 2>/dev/null || true)
-# The commit's time: the same commit gives the same image bytes.
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+revision=$COMMIT
+[ "$revision" = unknown ] && revision=
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/meshlet
 mkdir -p "$cache_root" "$(dirname "$out")"
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
@@ -38,7 +42,8 @@ args=()
 for arch in $ARCHES; do
 	t=$SECONDS
 	CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath \
-		-ldflags "-s -w -buildid= -X main.version=$VERSION" -o "$work/meshlet-$arch" ./cmd/meshlet
+		-ldflags "-s -w -buildid= -X main.version=$VERSION -X main.commit=$COMMIT -X main.date=$BUILD_DATE" \
+		-o "$work/meshlet-$arch" ./cmd/meshlet
 	echo "image: meshlet $VERSION linux/$arch built in $((SECONDS - t))s" >&2
 	rootfs=$cache_root/image-rootfs-$arch-$rootfs_key.tar
 	if [ ! -f "$rootfs" ]; then
@@ -56,6 +61,11 @@ for arch in $ARCHES; do
 		exec {lockfd}>&-
 	fi
 	args+=(--platform "linux/$arch=$rootfs,$work/meshlet-$arch")
+	if [ -n "${BIN_OUT:-}" ]; then
+		mkdir -p "$BIN_OUT"
+		cp "$work/meshlet-$arch" "$BIN_OUT/meshlet-$arch"
+		tar -xOf "$rootfs" ./usr/share/meshlet/packages.txt >"$BIN_OUT/packages-$arch.txt"
+	fi
 done
 # Smoke test where the machine can run it: the host's architecture's rootfs
 # with the binary, chrooted: meshlet starts and both iptables backends find

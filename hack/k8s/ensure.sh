@@ -2,7 +2,9 @@
 # Builds (once) and prints the directory holding the test binaries.
 #
 #   hack/k8s/ensure.sh          -> dir with kube-apiserver, kubectl, etcd
-#   hack/k8s/ensure.sh tools    -> dir with staticcheck, kustomize, helm, crane
+#   hack/k8s/ensure.sh tools    -> dir with staticcheck, kustomize, helm, crane (hack/tools) and
+#                                  golangci-lint, cyclonedx-gomod (hack/tools/lint), actionlint
+#                                  (hack/tools/actionlint)
 #   hack/k8s/ensure.sh node     -> dir with kubelet, kube-controller-manager, kube-scheduler
 #                                  (hack/node: make e2e-node)
 #   hack/k8s/ensure.sh all      -> builds k8s and tools, prints the k8s dir then the tools dir
@@ -12,7 +14,7 @@
 #
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/meshlet/
 #   k8s-<kubernetes version>-<sha256 of hack/k8s/go.sum + hack/k8s/etcd/go.sum, 12 hex>/
-#   tools-<sha256 of hack/tools/go.sum, 12 hex>/
+#   tools-<sha256 of hack/tools/go.sum + hack/tools/{lint,actionlint}/go.sum, 12 hex>/
 #   node-<kubernetes version>-<sha256 of hack/node/go.sum, 12 hex>/
 # A changed go.sum gives a new directory, so a stale binary is never reused.
 # Each directory is built into a temporary sibling and renamed into place, so
@@ -38,7 +40,7 @@ minor=${minor%%.*}
 hash_of() { cat "$@" | sha256sum | cut -c1-12; }
 
 k8s_dir="$cache_root/k8s-$k8s_version-$(hash_of "$here/go.sum" "$here/etcd/go.sum")"
-tools_dir="$cache_root/tools-$(hash_of "$repo/hack/tools/go.sum")"
+tools_dir="$cache_root/tools-$(hash_of "$repo/hack/tools/go.sum" "$repo/hack/tools/lint/go.sum" "$repo/hack/tools/actionlint/go.sum")"
 node_dir="$cache_root/node-$k8s_version-$(hash_of "$repo/hack/node/go.sum")"
 
 # The version kubernetes' own release build stamps into its binaries.
@@ -78,7 +80,23 @@ build_tools() {
 	(cd "$repo/hack/tools" && go build -trimpath \
 		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
 		-o "$out/" helm.sh/helm/v3/cmd/helm)
+	# The lint and release tools, pinned in modules of their own
+	# (hack/tools/lint, hack/tools/actionlint: their dependency graphs
+	# disagree with helm's and with each other's); golangci-lint's version
+	# ldflag as its own release build sets it.
+	local gl_version
+	gl_version=$(awk '$1 == "github.com/golangci/golangci-lint/v2" { print $2 }' "$repo/hack/tools/lint/go.mod")
+	echo "ensure.sh: building golangci-lint $gl_version, actionlint and cyclonedx-gomod ..." >&2
+	(cd "$repo/hack/tools/lint" && go build -trimpath -ldflags "-s -w -X main.version=${gl_version#v}" \
+		-o "$out/" github.com/golangci/golangci-lint/v2/cmd/golangci-lint)
+	(cd "$repo/hack/tools/lint" && go build -trimpath -ldflags "-s -w" -o "$out/" \
+		github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod)
+	(cd "$repo/hack/tools/actionlint" && go build -trimpath -ldflags "-s -w" -o "$out/" \
+		github.com/rhysd/actionlint/cmd/actionlint)
 	"$out/staticcheck" -version >&2
+	"$out/golangci-lint" version >&2
+	"$out/actionlint" -version >&2
+	"$out/cyclonedx-gomod" version >&2
 	"$out/kustomize" version >&2
 	"$out/helm" version --short >&2
 	"$out/crane" version >&2

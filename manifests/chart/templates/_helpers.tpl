@@ -1,8 +1,83 @@
-{{/* Labels of every object: the same as manifests/ (kustomize adds part-of). */}}
-{{- define "meshlet.labels" -}}
-app.kubernetes.io/name: meshlet
-app.kubernetes.io/part-of: meshlet
+{{/*
+Names are fixed, not derived from the release: meshlet's agents, `meshlet
+diagnose` and the docs find the DaemonSet, Service and ServiceAccount called
+meshlet (one meshlet per cluster, in the namespace of its ClusterMeshes).
+*/}}
+
+{{/* helm.sh/chart: name-version ("+" is not allowed in a label value). */}}
+{{- define "meshlet.chart" -}}
+{{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end -}}
+
+{{/*
+The DaemonSet's selector: app.kubernetes.io/name alone, as every release
+before 0.1.0 rendered it. A DaemonSet's selector cannot change, so adding
+app.kubernetes.io/instance here would make `helm upgrade` from those
+releases fail (docs/releasing.md, "Upgrades").
+*/}}
+{{- define "meshlet.selectorLabels" -}}
+app.kubernetes.io/name: meshlet
+{{- end -}}
+
+{{/*
+Labels of every object (Helm's and Kubernetes' recommended set); component
+is "agent" unless given: include "meshlet.labels" (list . "monitoring"), and
+name is meshlet unless given: (list . "test" "meshlet-test") for helm test's
+pod, which `meshlet diagnose` must not take for an agent (it selects
+app.kubernetes.io/name=meshlet). name, component and part-of are what
+manifests/ (kustomize) sets too.
+*/}}
+{{- define "meshlet.labels" -}}
+{{- $ctx := . -}}
+{{- $component := "agent" -}}
+{{- $name := "meshlet" -}}
+{{- if kindIs "slice" . -}}
+{{- $ctx = index . 0 -}}
+{{- $component = index . 1 -}}
+{{- if gt (len .) 2 }}{{ $name = index . 2 }}{{ end -}}
+{{- end -}}
+app.kubernetes.io/name: {{ $name }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/version: {{ $ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
+app.kubernetes.io/component: {{ $component }}
+app.kubernetes.io/part-of: meshlet
+helm.sh/chart: {{ include "meshlet.chart" $ctx }}
+{{- end -}}
+
+{{/* The image: repository@digest when image.digest is set, else repository:tag (default: the chart's appVersion). */}}
 {{- define "meshlet.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+{{- end -}}
+
+{{/* The API server's address, as the agent reaches it (KubePrism on Talos), for the agent and helm test. */}}
+{{- define "meshlet.apiServerEnv" -}}
+{{- with .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.apiServer.port }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The kubeconfig Secrets the agents may read (docs/security.md#least-privilege),
+as a JSON list: remoteSecrets and those the clusterMesh below names; empty
+when there are none.
+*/}}
+{{- define "meshlet.remoteSecretNames" -}}
+{{- $names := list }}
+{{- range .Values.remoteSecrets }}{{ $names = append $names . }}{{ end }}
+{{- if .Values.clusterMesh.enabled }}
+{{- range .Values.clusterMesh.clusters }}
+{{- if and .kubeconfigSecretRef .kubeconfigSecretRef.name }}{{ $names = append $names .kubeconfigSecretRef.name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if $names }}{{ $names | uniq | toJson }}{{ end }}
+{{- end }}
