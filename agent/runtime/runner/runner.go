@@ -352,7 +352,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	case on := <-regranted:
 		cancel()
-		<-loop
+		if err := <-loop; err != nil {
+			a.opts.Log.Warn("reconcile loop ended with an error while restarting for new grants", "error", err)
+		}
 		return fmt.Errorf("%w: %s (the data plane stays as it is)", ErrRegranted, strings.Join(on, ", "))
 	}
 }
