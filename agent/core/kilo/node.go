@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -20,6 +21,9 @@ type NodeResult struct {
 	// Rejections lists the annotations and fields that were malformed. The
 	// node still converts, with those fields empty (or with Kilo's default).
 	Rejections []topology.Rejection
+	// Created is the Node's creation time: the oldest Nodes of a remote
+	// cluster over Limits.RemoteNodes are the ones planned.
+	Created time.Time
 }
 
 // NodeToTopology converts a Node of cluster ("" = local) for the planner; see
@@ -46,8 +50,16 @@ func NodeToTopology(node *corev1.Node, cluster string) (topology.Node, []topolog
 //     over internal-ip), else internal-ip.
 //
 // Every malformed annotation is one Rejection (Field = annotation key); a nil
-// node converts to the zero Node.
+// node converts to the zero Node. The default limits apply (see
+// Limits.ConvertNode).
 func ConvertNode(node *corev1.Node, cluster string) NodeResult {
+	return DefaultLimits.ConvertNode(node, cluster)
+}
+
+// ConvertNode converts a Node as the function ConvertNode does, with an
+// allowed-location-ips annotation of more than l.AllowedLocationIPs
+// prefixes ignored (one Rejection, reason LimitExceeded).
+func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	var r NodeResult
 	if node == nil {
 		return r
@@ -59,6 +71,7 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	a := node.Annotations
 	n := &r.Node
 	n.Name = node.Name
+	r.Created = node.CreationTimestamp.Time
 	if len(node.Labels) > 0 {
 		n.Labels = make(map[string]string, len(node.Labels))
 		for k, v := range node.Labels {
@@ -104,6 +117,11 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	// Partial results are kept on purpose (Kilo drops only the bad entries).
 	if n.AllowedLocationIPs, err = ParseAllowedLocationIPs(a[topology.AnnotationAllowedLocationIPs]); err != nil {
 		reject(topology.AnnotationAllowedLocationIPs, topology.ReasonInvalidCIDR, err)
+	}
+	if k := len(n.AllowedLocationIPs); l.AllowedLocationIPs > 0 && k > l.AllowedLocationIPs {
+		n.AllowedLocationIPs = nil
+		r.Rejections = append(r.Rejections, limitRejection(ref, topology.AnnotationAllowedLocationIPs, k, l.AllowedLocationIPs,
+			"max-allowed-location-ips", "the annotation is ignored (the agents keep its last accepted value)"))
 	}
 	if n.DiscoveredEndpoints, err = ParseDiscoveredEndpoints(a[topology.AnnotationDiscoveredEndpoints]); err != nil {
 		reject(topology.AnnotationDiscoveredEndpoints, topology.ReasonInvalidEndpoint, err)

@@ -13,7 +13,7 @@ import (
 // thousands of nodes in memory for nothing. Each transform returns a new,
 // stripped object holding exactly what ConvertNode or PeerToTopology read,
 // plus the metadata an informer and Events need (name, UID, resource
-// version, deletion timestamp). Objects of other types, such as client-go's
+// version, creation and deletion timestamps). Objects of other types, such as client-go's
 // DeletedFinalStateUnknown tombstones, are returned unchanged, and a
 // transformed object transforms to itself: client-go may call the transform
 // on an object twice (Replace after a relist).
@@ -30,6 +30,7 @@ func stripMeta(in *metav1.ObjectMeta, keepLabels bool) metav1.ObjectMeta {
 		UID:               in.UID,
 		ResourceVersion:   in.ResourceVersion,
 		Generation:        in.Generation,
+		CreationTimestamp: in.CreationTimestamp, // the oldest objects are kept over a limit (Limits)
 		DeletionTimestamp: in.DeletionTimestamp.DeepCopy(),
 	}
 	if keepLabels && in.Labels != nil {

@@ -51,6 +51,8 @@ type LocalOptions struct {
 	Node            string // this node
 	Notify          func(seen time.Time)
 	Log             *slog.Logger
+	// Limits bound the local Nodes' and Peers' input (zero: none).
+	Limits kilo.Limits
 }
 
 // NewLocal creates the local watcher; Start runs it.
@@ -64,7 +66,7 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	}
 	l := &Local{
 		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node,
-		objs:   newObjects(""),
+		objs:   newObjects("", o.Limits),
 		meshes: map[string]*clustermesh.ClusterMesh{},
 	}
 	nodes, err := nodeRESTClient(o.Config)

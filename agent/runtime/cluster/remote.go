@@ -36,6 +36,8 @@ type Remotes struct {
 	ProbeInterval time.Duration
 	// Policy is what a kubeconfig may carry beyond inline credentials.
 	Policy KubeconfigPolicy
+	// Limits bound each remote cluster's input (zero: none).
+	Limits kilo.Limits
 
 	mu       sync.Mutex
 	ctx      context.Context
@@ -103,7 +105,7 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	for name, data := range want {
 		w := rs.watchers[name]
 		if w == nil {
-			w = &remote{name: name, rs: rs, objs: newObjects(name)}
+			w = &remote{name: name, rs: rs, objs: newObjects(name, rs.Limits)}
 			rs.watchers[name] = w
 		}
 		w.mu.Lock()

@@ -142,7 +142,7 @@ func New(o Options) (*Agent, error) {
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
 		Self: o.Self, WireGuard: o.WireGuard, Host: o.Host, PeerLabels: collector, Metrics: am, Log: o.Log}
 	local, err := cluster.NewLocal(cluster.LocalOptions{Config: o.RestConfig, Client: client, Namespace: o.Config.Namespace,
-		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log})
+		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log, Limits: o.Config.Limits()})
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +152,7 @@ func New(o Options) (*Agent, error) {
 	}
 	secrets.Allowed = grants.SecretAccess(client, o.Config.Namespace)
 	remotes := &cluster.Remotes{Secrets: secrets, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe,
-		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}}
+		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}, Limits: o.Config.Limits()}
 	broadcaster := record.NewBroadcaster()
 	var recorder record.EventRecorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
 	if !o.Grants.On(grants.Events) {
