@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -84,18 +85,31 @@ func BenchmarkRemoteWatch50kNodes(b *testing.B) {
 	benchRemoteWatch(b, 50000)
 }
 
-// createNodes creates n fat Nodes with 16 parallel clients.
+// createNodes creates n fat Nodes with 16 parallel clients, retrying what
+// a loaded API server refuses for a moment; it fails tb if any is missing.
 func createNodes(tb testing.TB, cs kubernetes.Interface, n int) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []error
 	work := make(chan int)
 	for w := 0; w < 16; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				if _, err := cs.CoreV1().Nodes().Create(ctx, fatNode(i), metav1.CreateOptions{}); err != nil {
-					tb.Error(err)
+				var err error
+				for try := 0; try < 5; try++ {
+					if _, err = cs.CoreV1().Nodes().Create(ctx, fatNode(i), metav1.CreateOptions{}); err == nil || apierrors.IsAlreadyExists(err) {
+						err = nil
+						break
+					}
+					time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
+				}
+				if err != nil {
+					mu.Lock()
+					failed = append(failed, err)
+					mu.Unlock()
 				}
 			}
 		}()
@@ -106,6 +120,9 @@ func createNodes(tb testing.TB, cs kubernetes.Interface, n int) {
 	}
 	close(work)
 	wg.Wait()
+	if len(failed) > 0 {
+		tb.Fatalf("%d of %d Nodes not created, the first: %v", len(failed), n, failed[0])
+	}
 	tb.Logf("created %d nodes in %v", n, time.Since(start))
 }
 
@@ -128,15 +145,19 @@ func benchRemoteWatch(b *testing.B, n int) {
 		rs.Reconcile(true, []clustermesh.Kubeconfig{{Cluster: "remote", Name: "kc", Key: "kubeconfig"}})
 		go func() {
 			for {
-				st, _ := rs.State()
-				if len(st) == 1 && st[0].Synced && len(st[0].Nodes) == n {
+				st := rs.Status()
+				if len(st) == 1 && st[0].Synced && st[0].Nodes == n {
 					synced <- struct{}{}
 					return
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
 		}()
-		<-synced
+		select {
+		case <-synced:
+		case <-time.After(10 * time.Minute):
+			b.Fatalf("remote watcher not synced with %d nodes: %+v", n, rs.Status())
+		}
 		syncTime := time.Since(t0)
 		held := heapInUse() - before
 		t0 = time.Now()
