@@ -14,12 +14,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshlet/meshlet/agent/core/kilo"
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
 // Hostile input, measured from the Kubernetes objects to the plan: each
 // object goes through what a watcher does with it (objects.setNode /
-// setPeer: kilo's conversion), then the snapshot through topology.Compute,
+// setPeer: kilo's conversion), then the snapshot through planner.Compute,
 // for the leader of a small ordinary local cluster (docs/security.md#hostile-input).
 
 var budgetNow = time.Unix(1_800_000_000, 0).UTC()
@@ -254,7 +255,7 @@ func BenchmarkHostileInput(b *testing.B) {
 					convert = time.Since(t0)
 					held = max(liveHeap(), before) - before
 					t0 = time.Now()
-					pl = topology.Compute(snap, budgetSelf(snap))
+					pl = planner.Compute(snap, budgetSelf(snap))
 					plan = time.Since(t0)
 				}
 				if !pl.Leader {
