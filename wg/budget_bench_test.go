@@ -26,6 +26,7 @@ func BenchmarkApplyHostile(b *testing.B) {
 			}
 			return ps
 		}},
+		{"peers=5000", func() []PeerSpec { return benchPeers(5000) }},
 		{"peers=10000", func() []PeerSpec { return benchPeers(10000) }},
 		{"peers=50000", func() []PeerSpec { return benchPeers(50000) }},
 	}

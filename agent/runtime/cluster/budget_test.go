@@ -234,7 +234,7 @@ func budgetSelf(snap topology.Snapshot) topology.Self {
 }
 
 // BenchmarkHostileInput: per case, the conversion of every object (as the
-// watchers do it), the heap the converted objects hold, and one plan of the
+// watchers do it), the heap the snapshot holds, and one plan of the
 // local leader, without limits (Kilo's behaviour) and with meshlet's
 // defaults. Run with -benchtime=1x: a case is one pass.
 func BenchmarkHostileInput(b *testing.B) {
@@ -263,7 +263,7 @@ func BenchmarkHostileInput(b *testing.B) {
 				}
 				b.ReportMetric(convert.Seconds()*1000, "convert-ms")
 				b.ReportMetric(plan.Seconds()*1000, "plan-ms")
-				b.ReportMetric(float64(held)/(1<<20), "converted-MiB")
+				b.ReportMetric(float64(held)/(1<<20), "snapshot-MiB")
 				b.ReportMetric(float64(len(pl.WireGuard.Peers)), "wg-peers")
 				b.ReportMetric(float64(countAllowedIPs(pl)), "wg-allowedIPs")
 				b.ReportMetric(float64(len(pl.Routes)), "routes")

@@ -96,15 +96,16 @@ func (f *watchWG) waitFor(t *testing.T, timeout time.Duration, what string, ok f
 func (f *watchWG) arm() { f.mu.Lock(); f.armed = true; f.mu.Unlock() }
 
 // hostileNode is node i of the hostile cluster: its own location (one
-// segment each) and a WireGuard IP, pods in 100.64.0.0/10.
+// segment each) and a WireGuard IP, pods in 10.128.0.0/11, WireGuard IPs
+// in 10.160.0.0/11.
 func hostileNode(i int) *corev1.Node {
 	a := func(v int) string {
 		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
 	}
 	k := key(0)
 	k[1], k[2], k[3] = byte(i>>16), byte(i>>8), byte(i)
-	return node(fmt.Sprintf("h-%05d", i), fmt.Sprintf("site-%05d", i), a(172<<24|20<<16+i)+"/12", a(100<<24|64<<16+i*16)+"/28", k,
-		map[string]string{topology.AnnotationWireGuardIP: a(100<<24|96<<16+i) + "/10"})
+	return node(fmt.Sprintf("h-%05d", i), fmt.Sprintf("site-%05d", i), a(172<<24|20<<16+i)+"/12", a(10<<24|128<<16+i*16)+"/28", k,
+		map[string]string{topology.AnnotationWireGuardIP: a(10<<24|160<<16+i) + "/11"})
 }
 
 // compactAllowedIPs returns n distinct IPv6 prefixes in few bytes
@@ -264,7 +265,7 @@ spec:
     allowedNetworks: [10.2.0.0/16, 100.66.1.0/24]
   - name: hostile
     kubeconfigSecretRef: {name: hostile-kubeconfig, key: kubeconfig}
-    allowedNetworks: [100.64.0.0/11, 100.96.0.0/11]
+    allowedNetworks: [10.128.0.0/11, 10.160.0.0/11]
 `)
 	if _, err := apiserver.Apply(ctx, local.AdminConfig(), mesh, apiserver.ApplyOptions{}); err != nil {
 		t.Fatal(err)
