@@ -295,7 +295,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 
 	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
 	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
-	_, _ = nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
+	nodeReg, regErr := nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
 			return
@@ -334,7 +334,10 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	go peerInf.Run(ctx.Done())
 	go func() {
 		// Nodes are required; a cluster without Kilo's Peer CRD still meshes.
-		if !cache.WaitForCacheSync(ctx.Done(), nodeInf.HasSynced) {
+		// Synced once the handler has every listed Node, not only the
+		// store: before, the planner would see part of the list (with
+		// --max-remote-nodes, the wrong part).
+		if regErr != nil || !cache.WaitForCacheSync(ctx.Done(), nodeReg.HasSynced) {
 			return
 		}
 		w.mu.Lock()
