@@ -33,7 +33,6 @@ import (
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
-	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/runner"
 	"github.com/meshlet/meshlet/e2e/apiserver"
@@ -271,9 +270,7 @@ spec:
 		t.Fatal(err)
 	}
 
-	var cfg config.Config
-	cfg.Interface, cfg.Port, cfg.Subnet, cfg.Granularity, cfg.Encapsulate, cfg.MTU = "kilo0", 51820, "10.4.0.0/16", "location", "always", "auto"
-	cfg.Namespace, cfg.ResyncPeriod, cfg.Local, cfg.TopologyLabel = "kilo-system", 30*time.Second, true, "topology.kubernetes.io/region"
+	cfg := agentConfig()
 	cfg.MaxPeerAllowedIPs, cfg.MaxAllowedLocationIPs, cfg.MaxPeers, cfg.MaxRemoteNodes =
 		size.limits.PeerAllowedIPs, size.limits.AllowedLocationIPs, size.limits.Peers, size.limits.RemoteNodes
 	if err := cfg.Validate(); err != nil {
@@ -281,13 +278,7 @@ spec:
 	}
 	dev := &watchWG{wake: make(chan struct{}, 1), must: []string{"laptop", "b-1", "a-2"}}
 	heapBefore := liveHeapMiB()
-	agent, err := runner.New(runner.Options{
-		Config: cfg, Node: "a-1", RestConfig: local.AdminConfig(),
-		WireGuard: dev, Host: fakeHost{},
-		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
-			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), RemoteProbe: 300 * time.Millisecond,
-	})
+	agent, err := runner.New(a1Options(cfg, local.AdminConfig(), dev, slog.LevelWarn))
 	if err != nil {
 		t.Fatal(err)
 	}
