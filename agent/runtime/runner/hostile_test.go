@@ -241,15 +241,8 @@ func TestHostileInputAgainstRealAPIServers(t *testing.T) {
 	if err := createPeer(ctx, lkilo, "laptop", []string{"10.5.0.1/32"}, key(50)); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []struct {
-		name string
-		srv  *apiserver.Server
-	}{{"good", good}, {"hostile", hostile}} {
-		ro := r.srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet-remote")
-		if _, err := ladmin.CoreV1().Secrets("kilo-system").Create(ctx, kubeconfigSecret(t, ro, r.name+"-kubeconfig"), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	remoteKubeconfig(ctx, t, ladmin, good, "good-kubeconfig")
+	remoteKubeconfig(ctx, t, ladmin, hostile, "hostile-kubeconfig")
 	mesh := []byte(`
 apiVersion: kilo.squat.ai/v1alpha1
 kind: ClusterMesh

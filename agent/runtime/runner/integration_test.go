@@ -164,6 +164,18 @@ func patchAnnotations(t *testing.T, cs kubernetes.Interface, name string, ann ma
 	}
 }
 
+// remoteKubeconfig puts the kubeconfig of remote's read-only ServiceAccount
+// (the shipped remote ClusterRole) in the local Secret name, and returns
+// its configuration.
+func remoteKubeconfig(ctx context.Context, t *testing.T, ladmin kubernetes.Interface, remote *apiserver.Server, name string) *rest.Config {
+	t.Helper()
+	ro := remote.ServiceAccountConfig(ctx, "kilo-system", "meshlet-remote")
+	if _, err := ladmin.CoreV1().Secrets("kilo-system").Create(ctx, kubeconfigSecret(t, ro, name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ro
+}
+
 func kubeconfigSecret(t *testing.T, cfg *rest.Config, name string) *corev1.Secret {
 	t.Helper()
 	kc, err := apiserver.Kubeconfig(cfg, "cluster-b")
@@ -232,10 +244,7 @@ func TestAgentAgainstRealAPIServers(t *testing.T) {
 
 	// The remote credentials: a read-only ServiceAccount bound to the shipped
 	// remote ClusterRole.
-	remoteRO := remote.ServiceAccountConfig(ctx, "kilo-system", "meshlet-remote")
-	if _, err := ladmin.CoreV1().Secrets("kilo-system").Create(ctx, kubeconfigSecret(t, remoteRO, "cluster-b-kubeconfig"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	remoteRO := remoteKubeconfig(ctx, t, ladmin, remote, "cluster-b-kubeconfig")
 	mesh := []byte(`
 apiVersion: kilo.squat.ai/v1alpha1
 kind: ClusterMesh
