@@ -35,8 +35,9 @@ var DefaultLimits = Limits{PeerAllowedIPs: 1000, AllowedLocationIPs: 1000, Peers
 // object may have thousands, and each rejection becomes an Event.
 const maxListed = 10
 
-// limitRejection is one object over a per-object limit.
-func limitRejection(ref topology.ObjectRef, field string, n, limit int, flag, effect string) topology.Rejection {
+// limitRejection is one object over a per-object limit (the watchers keep
+// only the first limit+1 entries of such an object: no exact count).
+func limitRejection(ref topology.ObjectRef, field string, limit int, flag, effect string) topology.Rejection {
 	return topology.Rejection{Object: ref, Field: field, Reason: topology.ReasonLimitExceeded,
-		Message: fmt.Sprintf("%d entries, more than the limit of %d (--%s): %s", n, limit, flag, effect)}
+		Message: fmt.Sprintf("more than %d entries (--%s): %s", limit, flag, effect)}
 }

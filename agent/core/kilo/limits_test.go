@@ -79,7 +79,8 @@ func TestAllowedLocationIPsLimit(t *testing.T) {
 		{"over", 4, strings.Join(cidrs(5, false), ","), 0, map[topology.Reason]int{topology.ReasonLimitExceeded: 1}, 200},
 		{"empty entries do not count", 4, ",,," + strings.Join(cidrs(4, false), ",,") + ",,", 4, nil, 0},
 		{"256 KiB of prefixes", DefaultLimits.AllowedLocationIPs, strings.Join(cidrs(18000, false), ","), 0, map[topology.Reason]int{topology.ReasonLimitExceeded: 1}, 200},
-		{"256 KiB of bad entries: one short message", DefaultLimits.AllowedLocationIPs, strings.Join(cidrs(18000, true), ","), 0,
+		{"bad entries count", 4, strings.Join(append(cidrs(3, false), cidrs(2, true)...), ","), 0, map[topology.Reason]int{topology.ReasonLimitExceeded: 1}, 200},
+		{"256 KiB of bad entries without a limit: one short message", 0, strings.Join(cidrs(18000, true), ","), 0,
 			map[topology.Reason]int{topology.ReasonInvalidCIDR: 1}, 2000},
 		{"no limit", 0, strings.Join(cidrs(18000, false), ","), 18000, nil, 0},
 	} {
@@ -124,5 +125,53 @@ func TestDiscoveredEndpointsErrorBounded(t *testing.T) {
 	_, err := ParseDiscoveredEndpoints(b.String())
 	if err == nil || len(err.Error()) > 2000 || !strings.Contains(err.Error(), "more") {
 		t.Fatalf("error of %d bytes: %.300v", len(fmt.Sprint(err)), err)
+	}
+}
+
+// TestTransformsCutOverLimit: the informers' transforms keep only the first
+// limit+1 entries of a Peer's allowedIPs or a node's allowed-location-ips
+// (a watcher must not hold megabytes per object), which converts to the
+// same result as the whole object; under the limit nothing is cut; a
+// transformed object transforms to itself.
+func TestTransformsCutOverLimit(t *testing.T) {
+	lim := Limits{PeerAllowedIPs: 3, AllowedLocationIPs: 3}
+	for _, tc := range []struct {
+		name    string
+		entries []string
+		kept    int
+	}{
+		{"under", cidrs(2, false), 2},
+		{"at", cidrs(3, false), 3},
+		{"one over", cidrs(4, false), 4},
+		{"far over", cidrs(100000, false), 4},
+		{"empty entries are not counted", []string{"", "", "10.0.0.1/32", "", "10.0.0.2/32", "", "", "10.0.0.3/32", "", "10.0.0.4/32", "10.0.0.5/32"}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Peer{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: PeerSpec{PublicKey: limitsKey, AllowedIPs: tc.entries}}
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
+				topology.AnnotationAllowedLocationIPs: strings.Join(tc.entries, ","), topology.AnnotationKey: limitsKey}}}
+			po, _ := lim.TransformPeer(p)
+			no, _ := lim.TransformNode(n)
+			tp, tn := po.(*Peer), no.(*corev1.Node)
+			gotLoc, _ := ParseAllowedLocationIPs(tn.Annotations[topology.AnnotationAllowedLocationIPs])
+			if len(gotLoc) != tc.kept || (len(tc.entries) > lim.PeerAllowedIPs+1) != (len(tp.Spec.AllowedIPs) < len(tc.entries)) {
+				t.Errorf("kept %d location IPs (want %d), %d of %d allowed IPs", len(gotLoc), tc.kept, len(tp.Spec.AllowedIPs), len(tc.entries))
+			}
+			// The same verdict on the cut object as on the whole one.
+			_, wholeRejs, wholeOK := lim.PeerToTopology(p, "")
+			_, cutRejs, cutOK := lim.PeerToTopology(tp, "")
+			if wholeOK != cutOK || fmt.Sprint(wholeRejs) != fmt.Sprint(cutRejs) {
+				t.Errorf("Peer: whole %v %v, cut %v %v", wholeOK, wholeRejs, cutOK, cutRejs)
+			}
+			whole, cut := lim.ConvertNode(n, ""), lim.ConvertNode(tn, "")
+			if fmt.Sprint(whole.Node.AllowedLocationIPs, whole.Rejections) != fmt.Sprint(cut.Node.AllowedLocationIPs, cut.Rejections) {
+				t.Errorf("Node: whole %v %v, cut %v %v", whole.Node.AllowedLocationIPs, whole.Rejections, cut.Node.AllowedLocationIPs, cut.Rejections)
+			}
+			po2, _ := lim.TransformPeer(tp)
+			no2, _ := lim.TransformNode(tn)
+			if fmt.Sprint(po2) != fmt.Sprint(tp) || fmt.Sprint(no2) != fmt.Sprint(tn) {
+				t.Error("a transformed object does not transform to itself")
+			}
+		})
 	}
 }

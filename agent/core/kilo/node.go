@@ -58,7 +58,7 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 
 // ConvertNode converts a Node as the function ConvertNode does, with an
 // allowed-location-ips annotation of more than l.AllowedLocationIPs
-// prefixes ignored (one Rejection, reason LimitExceeded).
+// entries ignored (one Rejection, reason LimitExceeded).
 func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	var r NodeResult
 	if node == nil {
@@ -115,13 +115,13 @@ func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 		reject(topology.AnnotationPersistentKeepalive, topology.ReasonInvalidAnnotation, err)
 	}
 	// Partial results are kept on purpose (Kilo drops only the bad entries).
-	if n.AllowedLocationIPs, err = ParseAllowedLocationIPs(a[topology.AnnotationAllowedLocationIPs]); err != nil {
-		reject(topology.AnnotationAllowedLocationIPs, topology.ReasonInvalidCIDR, err)
-	}
-	if k := len(n.AllowedLocationIPs); l.AllowedLocationIPs > 0 && k > l.AllowedLocationIPs {
-		n.AllowedLocationIPs = nil
-		r.Rejections = append(r.Rejections, limitRejection(ref, topology.AnnotationAllowedLocationIPs, k, l.AllowedLocationIPs,
+	// Over the limit, counted in non-empty entries (what the watchers keep
+	// of it: TransformNode), the annotation is not parsed.
+	if _, over := firstEntries(a[topology.AnnotationAllowedLocationIPs], l.AllowedLocationIPs); l.AllowedLocationIPs > 0 && over {
+		r.Rejections = append(r.Rejections, limitRejection(ref, topology.AnnotationAllowedLocationIPs, l.AllowedLocationIPs,
 			"max-allowed-location-ips", "the annotation is ignored (the agents keep its last accepted value)"))
+	} else if n.AllowedLocationIPs, err = ParseAllowedLocationIPs(a[topology.AnnotationAllowedLocationIPs]); err != nil {
+		reject(topology.AnnotationAllowedLocationIPs, topology.ReasonInvalidCIDR, err)
 	}
 	if n.DiscoveredEndpoints, err = ParseDiscoveredEndpoints(a[topology.AnnotationDiscoveredEndpoints]); err != nil {
 		reject(topology.AnnotationDiscoveredEndpoints, topology.ReasonInvalidEndpoint, err)

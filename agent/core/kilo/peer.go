@@ -80,7 +80,7 @@ func (l Limits) convertPeerSpec(name string, s *PeerSpec, ref topology.ObjectRef
 	}
 	if l.PeerAllowedIPs > 0 && len(s.AllowedIPs) > l.PeerAllowedIPs {
 		// Not parsed: the count alone decides.
-		rejs = append(rejs, limitRejection(ref, "spec.allowedIPs", len(s.AllowedIPs), l.PeerAllowedIPs, "max-peer-allowed-ips",
+		rejs = append(rejs, limitRejection(ref, "spec.allowedIPs", l.PeerAllowedIPs, "max-peer-allowed-ips",
 			"the Peer is not configured (its last accepted version, if any, stays in force)"))
 		return topology.Peer{}, rejs
 	}

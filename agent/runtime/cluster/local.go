@@ -76,8 +76,8 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
-	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, o.Limits.TransformNode)
+	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, o.Limits.TransformPeer)
 	l.addHandler(l.nodeInf, l.onNode)
 	l.addHandler(l.peerInf, l.onPeer)
 	byKind := map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf}

@@ -293,8 +293,8 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.cancel = cancel
 	w.mu.Unlock()
 
-	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
-	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
+	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, w.rs.Limits.TransformNode)
+	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, w.rs.Limits.TransformPeer)
 	nodeReg, regErr := nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
