@@ -57,6 +57,11 @@ func countRejection(kind, cluster, first string, limit int, flag string) topolog
 			where, limit, kind, flag, limit, kind)}
 }
 
+// isCountRejection reports whether r is a cluster over a count limit.
+func isCountRejection(r topology.Rejection) bool {
+	return r.Reason == topology.ReasonLimitExceeded && r.Field == ""
+}
+
 // limitNodes applies limits.RemoteNodes to a remote cluster's nodes
 // (sorted by name; local nodes are never limited).
 func limitNodes(cluster string, limits kilo.Limits, nodes []kilo.NodeResult) ([]kilo.NodeResult, []topology.Rejection) {

@@ -161,3 +161,19 @@ func TestOverLimitEditKeepsLastAccepted(t *testing.T) {
 		})
 	}
 }
+
+// TestNoCountRejectionBeforeSync: a remote cluster whose first list is still
+// arriving reports no count limit yet (it would name a different Node at
+// each step); once synced it does, once.
+func TestNoCountRejectionBeforeSync(t *testing.T) {
+	for _, synced := range []bool{false, true} {
+		w := &remote{name: "remote", objs: newObjects("remote", kilo.Limits{RemoteNodes: 2}), synced: synced}
+		for i := 0; i < 5; i++ {
+			w.objs.setNode(budgetNode(1, i, "x"), false, budgetNow)
+		}
+		_, rejs := w.state()
+		if want := map[bool]int{false: 0, true: 1}[synced]; len(rejs) != want {
+			t.Errorf("synced=%v: rejections %v, want %d", synced, rejs, want)
+		}
+	}
+}

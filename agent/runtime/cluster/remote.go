@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -469,6 +470,13 @@ func (w *remote) state() (topology.RemoteCluster, []topology.Rejection) {
 	}
 	var rejs []topology.Rejection
 	rc.Nodes, rc.Peers, rejs = w.objs.state()
+	if !w.synced {
+		// While the first list arrives the oldest objects left out are
+		// not known yet (the list comes in name order): a count
+		// rejection now would name a different object at each step, an
+		// Event each. An unsynced cluster plans none of its peers anyway.
+		rejs = slices.DeleteFunc(rejs, isCountRejection)
+	}
 	if w.connectErr != nil {
 		rejs = append(rejs, kubeconfigRejection(w.ref, w.connectErr))
 	}

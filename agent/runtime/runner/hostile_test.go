@@ -369,6 +369,7 @@ spec:
 				t.Fatal(err)
 			}
 			got := map[string]string{}
+			events := map[string]int{} // Event objects per involved object
 			for _, e := range evs.Items {
 				if e.Reason != string(topology.ReasonLimitExceeded) {
 					continue
@@ -382,8 +383,14 @@ spec:
 					field = ""
 				}
 				got[name] = field
+				events[name]++
 			}
 			if fmt.Sprint(got) == fmt.Sprint(want) {
+				for name, n := range events {
+					if n != 1 {
+						t.Errorf("%d LimitExceeded Events on %s, want 1", n, name)
+					}
+				}
 				break
 			}
 			if time.Now().After(deadline) {
