@@ -228,9 +228,18 @@ func ParseAllowedLocationIPs(s string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	if len(errs) > 0 {
-		return out, fmt.Errorf("allowed-location-ips: dropped %d entries: %w", len(errs), errors.Join(errs...))
+		return out, fmt.Errorf("allowed-location-ips: dropped %d entries: %w", len(errs), joinSome(errs))
 	}
 	return out, nil
+}
+
+// joinSome joins the first maxListed errors and counts the rest: a 256 KiB
+// annotation of bad entries must not become a megabyte of Event message.
+func joinSome(errs []error) error {
+	if len(errs) <= maxListed {
+		return errors.Join(errs...)
+	}
+	return errors.Join(append(errs[:maxListed:maxListed], fmt.Errorf("and %d more", len(errs)-maxListed))...)
 }
 
 // ParseGranularity parses kilo.squat.ai/granularity: location, full or cross
@@ -278,7 +287,7 @@ func ParseDiscoveredEndpoints(s string) (map[topology.Key]netip.AddrPort, error)
 	}
 	var err error
 	if len(errs) > 0 {
-		err = fmt.Errorf("discovered-endpoints: dropped %d entries: %w", len(errs), errors.Join(errs...))
+		err = fmt.Errorf("discovered-endpoints: dropped %d entries: %w", len(errs), joinSome(errs))
 	}
 	if len(out) == 0 {
 		out = nil

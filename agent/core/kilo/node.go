@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -20,6 +21,9 @@ type NodeResult struct {
 	// Rejections lists the annotations and fields that were malformed. The
 	// node still converts, with those fields empty (or with Kilo's default).
 	Rejections []topology.Rejection
+	// Created is the Node's creation time: the oldest Nodes of a remote
+	// cluster over Limits.RemoteNodes are the ones planned.
+	Created time.Time
 }
 
 // NodeToTopology converts a Node of cluster ("" = local) for the planner; see
@@ -46,8 +50,16 @@ func NodeToTopology(node *corev1.Node, cluster string) (topology.Node, []topolog
 //     over internal-ip), else internal-ip.
 //
 // Every malformed annotation is one Rejection (Field = annotation key); a nil
-// node converts to the zero Node.
+// node converts to the zero Node. The default limits apply (see
+// Limits.ConvertNode).
 func ConvertNode(node *corev1.Node, cluster string) NodeResult {
+	return DefaultLimits.ConvertNode(node, cluster)
+}
+
+// ConvertNode converts a Node as the function ConvertNode does, with an
+// allowed-location-ips annotation of more than l.AllowedLocationIPs
+// entries ignored (one Rejection, reason LimitExceeded).
+func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	var r NodeResult
 	if node == nil {
 		return r
@@ -59,6 +71,7 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	a := node.Annotations
 	n := &r.Node
 	n.Name = node.Name
+	r.Created = node.CreationTimestamp.Time
 	if len(node.Labels) > 0 {
 		n.Labels = make(map[string]string, len(node.Labels))
 		for k, v := range node.Labels {
@@ -102,7 +115,12 @@ func ConvertNode(node *corev1.Node, cluster string) NodeResult {
 		reject(topology.AnnotationPersistentKeepalive, topology.ReasonInvalidAnnotation, err)
 	}
 	// Partial results are kept on purpose (Kilo drops only the bad entries).
-	if n.AllowedLocationIPs, err = ParseAllowedLocationIPs(a[topology.AnnotationAllowedLocationIPs]); err != nil {
+	// Over the limit, counted in non-empty entries (what the watchers keep
+	// of it: TransformNode), the annotation is not parsed.
+	if _, over := firstEntries(a[topology.AnnotationAllowedLocationIPs], l.AllowedLocationIPs); l.AllowedLocationIPs > 0 && over {
+		r.Rejections = append(r.Rejections, limitRejection(ref, topology.AnnotationAllowedLocationIPs, l.AllowedLocationIPs,
+			"max-allowed-location-ips", "the annotation is ignored (the agents keep its last accepted value)"))
+	} else if n.AllowedLocationIPs, err = ParseAllowedLocationIPs(a[topology.AnnotationAllowedLocationIPs]); err != nil {
 		reject(topology.AnnotationAllowedLocationIPs, topology.ReasonInvalidCIDR, err)
 	}
 	if n.DiscoveredEndpoints, err = ParseDiscoveredEndpoints(a[topology.AnnotationDiscoveredEndpoints]); err != nil {

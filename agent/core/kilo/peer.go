@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +16,12 @@ import (
 // KindPeer is the ObjectRef kind of rejections about Peers.
 const KindPeer = "Peer"
 
+// PeerToTopology validates a Peer of cluster ("" = local) with the default
+// limits; see Limits.PeerToTopology.
+func PeerToTopology(p *Peer, cluster string) (topology.Peer, []topology.Rejection, bool) {
+	return DefaultLimits.PeerToTopology(p, cluster)
+}
+
 // PeerToTopology validates a Peer of cluster ("" = local) and converts it for
 // the planner. An invalid spec yields ok = false and one Rejection per
 // problem: the peer never reaches the planner half-valid (Kilo drops it
@@ -26,7 +31,10 @@ const KindPeer = "Peer"
 // top of a valid spec, so a malformed annotation only rejects the annotation:
 // the peer is still ok and falls back to spec.persistentKeepalive. Dropping
 // the whole peer for a typo in a tuning knob would cut a working tunnel.
-func PeerToTopology(p *Peer, cluster string) (peer topology.Peer, rejections []topology.Rejection, ok bool) {
+//
+// A Peer with more than l.PeerAllowedIPs allowed IPs is rejected before
+// they are parsed.
+func (l Limits) PeerToTopology(p *Peer, cluster string) (peer topology.Peer, rejections []topology.Rejection, ok bool) {
 	if p == nil {
 		return topology.Peer{}, nil, false
 	}
@@ -34,7 +42,7 @@ func PeerToTopology(p *Peer, cluster string) (peer topology.Peer, rejections []t
 	if keys := operatorLabels(p); len(keys) > 0 {
 		return topology.Peer{}, []topology.Rejection{operatorPeerRejection(p, ref, keys)}, false
 	}
-	out, rejections := convertPeerSpec(p.Name, &p.Spec, ref)
+	out, rejections := l.convertPeerSpec(p.Name, &p.Spec, ref)
 	if len(rejections) > 0 {
 		return topology.Peer{}, rejections, false
 	}
@@ -55,11 +63,11 @@ func ValidatePeer(p *Peer, cluster string) []topology.Rejection {
 	if p == nil {
 		return nil
 	}
-	_, rejs := convertPeerSpec(p.Name, &p.Spec, topology.ObjectRef{Kind: KindPeer, Cluster: cluster, Name: p.Name})
+	_, rejs := DefaultLimits.convertPeerSpec(p.Name, &p.Spec, topology.ObjectRef{Kind: KindPeer, Cluster: cluster, Name: p.Name})
 	return rejs
 }
 
-func convertPeerSpec(name string, s *PeerSpec, ref topology.ObjectRef) (topology.Peer, []topology.Rejection) {
+func (l Limits) convertPeerSpec(name string, s *PeerSpec, ref topology.ObjectRef) (topology.Peer, []topology.Rejection) {
 	var rejs []topology.Rejection
 	reject := func(field string, reason topology.Reason, format string, args ...any) {
 		rejs = append(rejs, topology.Rejection{Object: ref, Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)})
@@ -70,20 +78,36 @@ func convertPeerSpec(name string, s *PeerSpec, ref topology.ObjectRef) (topology
 		// Kilo treats such a Peer as not ready and leaves it out.
 		reject("spec.allowedIPs", topology.ReasonInvalidPeer, "spec.allowedIPs is empty: the Peer is not configured")
 	}
+	if l.PeerAllowedIPs > 0 && len(s.AllowedIPs) > l.PeerAllowedIPs {
+		// Not parsed: the count alone decides.
+		rejs = append(rejs, limitRejection(ref, "spec.allowedIPs", l.PeerAllowedIPs, "max-peer-allowed-ips",
+			"the Peer is not configured (its last accepted version, if any, stays in force)"))
+		return topology.Peer{}, rejs
+	}
+	seen := make(map[netip.Prefix]bool, len(s.AllowedIPs))
+	invalid := 0
 	for i, a := range s.AllowedIPs {
 		p, err := netip.ParsePrefix(a)
 		if err == nil && p.Addr().Is4In6() {
 			err = fmt.Errorf("IPv4-mapped IPv6 address")
 		}
 		if err != nil {
-			reject(fmt.Sprintf("spec.allowedIPs[%d]", i), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(a), err)
+			// The first few are listed, one rejection each; the count of
+			// the rest in one more.
+			if invalid++; invalid <= maxListed {
+				reject(fmt.Sprintf("spec.allowedIPs[%d]", i), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(a), err)
+			}
 			continue
 		}
 		// Masked: Kilo passes host bits on (10.5.0.1/24), which the kernel
 		// refuses as a route (docs/kilo-compatibility.md).
-		if p = p.Masked(); !slices.Contains(out.AllowedIPs, p) {
+		if p = p.Masked(); !seen[p] {
+			seen[p] = true
 			out.AllowedIPs = append(out.AllowedIPs, p)
 		}
+	}
+	if invalid > maxListed {
+		reject("spec.allowedIPs", topology.ReasonInvalidCIDR, "%d more invalid CIDRs", invalid-maxListed)
 	}
 
 	if e := s.Endpoint; e != nil {

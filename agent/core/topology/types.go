@@ -556,4 +556,9 @@ const (
 	// cannot be read or is not one meshlet can write the pod CIDR into;
 	// it is left as it is.
 	ReasonInvalidCNIConfig Reason = "InvalidCNIConfig"
+	// ReasonLimitExceeded: input over one of meshlet's bounds on hostile
+	// input (a Peer's allowedIPs, a node's allowed-location-ips, the Peers
+	// of a cluster, the Nodes of a remote cluster); the field or the flag is
+	// named (docs/kilo-compatibility.md#limits).
+	ReasonLimitExceeded Reason = "LimitExceeded"
 )

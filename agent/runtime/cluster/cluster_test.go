@@ -93,7 +93,7 @@ func TestSetNodeWakesOnlyOnMaterialChange(t *testing.T) {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
 			topology.AnnotationLastSeen: fmt.Sprint(lastSeen.Unix()), topology.AnnotationEndpoint: endpoint}}}
 	}
-	o := newObjects("b")
+	o := newObjects("b", kilo.Limits{})
 	steps := []struct {
 		name string
 		node *corev1.Node
@@ -123,7 +123,7 @@ func TestSetNodeWakesOnlyOnMaterialChange(t *testing.T) {
 }
 
 func TestBadPeerEditKeepsLastValidVersion(t *testing.T) {
-	o := newObjects("")
+	o := newObjects("", kilo.Limits{})
 	peer := func(key string) *kilo.Peer {
 		return &kilo.Peer{ObjectMeta: metav1.ObjectMeta{Name: "laptop"},
 			Spec: kilo.PeerSpec{AllowedIPs: []string{"10.5.0.1/32"}, PublicKey: key}}
@@ -150,7 +150,7 @@ func TestRemoteNodeHeardAndClockSkew(t *testing.T) {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
 			topology.AnnotationLastSeen: fmt.Sprint(lastSeen.Unix())}}}
 	}
-	o := newObjects("b")
+	o := newObjects("b", kilo.Limits{})
 	steps := []struct {
 		name        string
 		node        string
@@ -182,7 +182,7 @@ func TestRemoteNodeHeardAndClockSkew(t *testing.T) {
 		t.Errorf("clock skew after n1 left: %v", d)
 	}
 	// The local cluster records nothing of the kind.
-	l := newObjects("")
+	l := newObjects("", kilo.Limits{})
 	l.setNode(mk("x", local), false, local)
 	if !l.nodes["x"].Node.Heard.IsZero() {
 		t.Error("local node has Heard set")

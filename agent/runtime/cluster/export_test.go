@@ -7,6 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	clientscheme "k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/meshlet/meshlet/agent/core/kilo"
 )
 
 // NodeDecoder is the informers' protobuf decoder of Nodes (nodecodec.go).
@@ -17,7 +19,7 @@ func NodeDecoder() runtime.Decoder {
 // Store exposes a cluster's converted objects to the external tests.
 type Store struct{ o objects }
 
-func NewStore(cluster string) *Store { return &Store{o: newObjects(cluster)} }
+func NewStore(cluster string) *Store { return &Store{o: newObjects(cluster, kilo.Limits{})} }
 
 func (o *Store) SetNode(n *corev1.Node, deleted bool, now time.Time) bool {
 	return o.o.setNode(n, deleted, now)

@@ -141,21 +141,32 @@ func Snapshot(local Objects, remotes map[string]Objects, clusterName string) top
 	return snap
 }
 
+// convertObjects converts o as the watchers do, with the default limits.
 func convertObjects(o Objects, cluster string) ([]topology.Node, []topology.Peer, []topology.Rejection) {
-	var nodes []topology.Node
-	var peers []topology.Peer
-	var rejs []topology.Rejection
+	lim := kilo.DefaultLimits
+	nodes := make([]kilo.NodeResult, 0, len(o.Nodes))
 	for _, n := range o.Nodes {
-		r := kilo.ConvertNode(n, cluster)
-		nodes = append(nodes, r.Node)
+		nodes = append(nodes, lim.ConvertNode(n, cluster))
+	}
+	kept, rejs := limitNodes(cluster, lim, nodes)
+	var tnodes []topology.Node
+	for _, r := range kept {
+		tnodes = append(tnodes, r.Node)
 		rejs = append(rejs, r.Rejections...)
 	}
+	var valid []convertedPeer
 	for _, p := range o.Peers {
-		tp, r, ok := kilo.PeerToTopology(p, cluster)
+		tp, r, ok := lim.PeerToTopology(p, cluster)
 		if ok {
-			peers = append(peers, tp)
+			valid = append(valid, convertedPeer{peer: tp, ok: true, created: p.CreationTimestamp.Time})
 		}
 		rejs = append(rejs, r...)
 	}
-	return nodes, peers, rejs
+	valid, r := limitPeers(cluster, lim, valid)
+	rejs = append(rejs, r...)
+	var peers []topology.Peer
+	for _, p := range valid {
+		peers = append(peers, p.peer)
+	}
+	return tnodes, peers, rejs
 }

@@ -33,6 +33,9 @@ type Local struct {
 	// meshInf is nil when ClusterMeshes are not watched.
 	nodeInf, peerInf, meshInf cache.SharedIndexInformer
 	infs                      []cache.SharedIndexInformer
+	// regs are the handlers' registrations: synced once the handlers (not
+	// only the informers' stores) have every object of the first list.
+	regs []cache.ResourceEventHandlerRegistration
 
 	mu       sync.RWMutex
 	objs     objects
@@ -55,6 +58,8 @@ type LocalOptions struct {
 	Log             *slog.Logger
 	// Clock stamps what is heard (nil: the real clock).
 	Clock clock.WithTicker
+	// Limits bound the local Nodes' and Peers' input (zero: none).
+	Limits kilo.Limits
 }
 
 // NewLocal creates the local watcher; Start runs it.
@@ -68,21 +73,21 @@ func NewLocal(o LocalOptions) (*Local, error) {
 	}
 	l := &Local{
 		client: o.Client, namespace: o.Namespace, notify: o.Notify, log: o.Log, selfName: o.Node, clock: orReal(o.Clock),
-		objs:   newObjects(""),
+		objs:   newObjects("", o.Limits),
 		meshes: map[string]*clustermesh.ClusterMesh{},
 	}
 	nodes, err := nodeRESTClient(o.Config)
 	if err != nil {
 		return nil, err
 	}
-	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
-	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
-	_, _ = l.nodeInf.AddEventHandler(handler(l.onNode))
-	_, _ = l.peerInf.AddEventHandler(handler(l.onPeer))
+	l.nodeInf = informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, o.Limits.TransformNode)
+	l.peerInf = informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, o.Limits.TransformPeer)
+	l.addHandler(l.nodeInf, l.onNode)
+	l.addHandler(l.peerInf, l.onPeer)
 	byKind := map[string]cache.SharedIndexInformer{"nodes": l.nodeInf, "peers": l.peerInf}
 	if !o.NoClusterMeshes {
 		l.meshInf = informerFor(rc, "clustermeshes", o.Namespace, &clustermesh.ClusterMesh{}, nil)
-		_, _ = l.meshInf.AddEventHandler(handler(l.onMesh))
+		l.addHandler(l.meshInf, l.onMesh)
 		byKind["clustermeshes"] = l.meshInf
 	}
 	for kind, inf := range byKind {
@@ -104,23 +109,32 @@ func (l *Local) Start(ctx context.Context) {
 	}
 }
 
-// WaitForSync blocks until every informer listed once or ctx ends.
+func (l *Local) addHandler(inf cache.SharedIndexInformer, fn func(obj interface{}, deleted bool)) {
+	if reg, err := inf.AddEventHandler(handler(fn)); err == nil {
+		l.regs = append(l.regs, reg)
+	}
+}
+
+// WaitForSync blocks until every informer listed once and its handler has
+// every listed object, or ctx ends.
 func (l *Local) WaitForSync(ctx context.Context) bool {
-	synced := make([]cache.InformerSynced, len(l.infs))
-	for i, inf := range l.infs {
-		synced[i] = inf.HasSynced
+	synced := make([]cache.InformerSynced, len(l.regs))
+	for i, reg := range l.regs {
+		synced[i] = reg.HasSynced
 	}
 	return cache.WaitForCacheSync(ctx.Done(), synced...)
 }
 
-// Synced reports whether every informer has listed once.
+// Synced reports whether every informer has listed once and its handler
+// has every listed object (a plan before that would see part of a list:
+// with a count limit, the wrong part).
 func (l *Local) Synced() bool {
-	for _, inf := range l.infs {
-		if !inf.HasSynced() {
+	for _, reg := range l.regs {
+		if !reg.HasSynced() {
 			return false
 		}
 	}
-	return true
+	return len(l.regs) > 0
 }
 
 func (l *Local) changed() {

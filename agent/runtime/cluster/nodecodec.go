@@ -221,7 +221,7 @@ func decodeObjectMeta(b []byte, m *metav1.ObjectMeta) error {
 			m.ResourceVersion = string(f.bytes)
 		case 7:
 			m.Generation = int64(f.varint)
-		case 9:
+		case 8, 9: // creationTimestamp, deletionTimestamp
 			var sec, nsec int64
 			if err := eachField(f.bytes, func(t field) error {
 				switch t.num {
@@ -235,7 +235,13 @@ func decodeObjectMeta(b []byte, m *metav1.ObjectMeta) error {
 				return err
 			}
 			ts := metav1.Unix(sec, nsec)
-			m.DeletionTimestamp = &ts
+			if f.num == 8 {
+				if len(f.bytes) > 0 { // empty is the zero time (metav1.Time.Unmarshal)
+					m.CreationTimestamp = ts
+				}
+			} else {
+				m.DeletionTimestamp = &ts
+			}
 		case 11, 12:
 			k, v, err := mapEntry(f.bytes)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -40,6 +41,8 @@ type Remotes struct {
 	// Clock stamps what is heard and times the probes (nil: the real
 	// clock).
 	Clock clock.WithTicker
+	// Limits bound each remote cluster's input (zero: none).
+	Limits kilo.Limits
 
 	mu       sync.Mutex
 	ctx      context.Context
@@ -107,7 +110,7 @@ func (rs *Remotes) Reconcile(leader bool, kcs []clustermesh.Kubeconfig) {
 	for name, data := range want {
 		w := rs.watchers[name]
 		if w == nil {
-			w = &remote{name: name, rs: rs, objs: newObjects(name)}
+			w = &remote{name: name, rs: rs, objs: newObjects(name, rs.Limits)}
 			rs.watchers[name] = w
 		}
 		w.mu.Lock()
@@ -297,9 +300,9 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	w.cancel = cancel
 	w.mu.Unlock()
 
-	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, kilo.TransformNode)
-	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, kilo.TransformPeer)
-	_, _ = nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
+	nodeInf := informerFor(nodes, "nodes", metav1.NamespaceAll, &corev1.Node{}, w.rs.Limits.TransformNode)
+	peerInf := informerFor(rc, "peers", metav1.NamespaceAll, &kilo.Peer{}, w.rs.Limits.TransformPeer)
+	nodeReg, regErr := nodeInf.AddEventHandler(handler(func(obj interface{}, deleted bool) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
 			return
@@ -338,7 +341,10 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 	go peerInf.Run(ctx.Done())
 	go func() {
 		// Nodes are required; a cluster without Kilo's Peer CRD still meshes.
-		if !cache.WaitForCacheSync(ctx.Done(), nodeInf.HasSynced) {
+		// Synced once the handler has every listed Node, not only the
+		// store: before, the planner would see part of the list (with
+		// --max-remote-nodes, the wrong part).
+		if regErr != nil || !cache.WaitForCacheSync(ctx.Done(), nodeReg.HasSynced) {
 			return
 		}
 		w.mu.Lock()
@@ -470,6 +476,13 @@ func (w *remote) state() (topology.RemoteCluster, []topology.Rejection) {
 	}
 	var rejs []topology.Rejection
 	rc.Nodes, rc.Peers, rejs = w.objs.state()
+	if !w.synced {
+		// While the first list arrives the oldest objects left out are
+		// not known yet (the list comes in name order): a count
+		// rejection now would name a different object at each step, an
+		// Event each. An unsynced cluster plans none of its peers anyway.
+		rejs = slices.DeleteFunc(rejs, isCountRejection)
+	}
 	if w.connectErr != nil {
 		rejs = append(rejs, kubeconfigRejection(w.ref, w.connectErr))
 	}

@@ -16,6 +16,7 @@ import (
 // rather than a conversion of every object. The caller locks.
 type objects struct {
 	cluster string // "" = local
+	limits  kilo.Limits
 	nodes   map[string]kilo.NodeResult
 	peers   map[string]convertedPeer
 	// skews holds, per remote node, its last-seen minus the time this
@@ -28,10 +29,11 @@ type convertedPeer struct {
 	peer       topology.Peer
 	ok         bool
 	rejections []topology.Rejection
+	created    time.Time // the oldest Peers are kept over limits.Peers
 }
 
-func newObjects(cluster string) objects {
-	return objects{cluster: cluster, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}, skews: map[string]time.Duration{}}
+func newObjects(cluster string, limits kilo.Limits) objects {
+	return objects{cluster: cluster, limits: limits, nodes: map[string]kilo.NodeResult{}, peers: map[string]convertedPeer{}, skews: map[string]time.Duration{}}
 }
 
 // setNode stores a Node and reports whether the planner could see a
@@ -50,8 +52,13 @@ func (o *objects) setNode(n *corev1.Node, deleted bool, now time.Time) bool {
 		delete(o.skews, n.Name)
 		return true
 	}
-	r := kilo.ConvertNode(n, o.cluster)
+	r := o.limits.ConvertNode(n, o.cluster)
 	old, ok := o.nodes[n.Name]
+	if ok && overLimit(r.Rejections, topology.AnnotationAllowedLocationIPs) {
+		// As for a Peer: an edit over the limit keeps the last accepted
+		// value in force while the rejection is reported.
+		r.Node.AllowedLocationIPs = old.Node.AllowedLocationIPs
+	}
 	last := old.Node.LastSeen
 	if o.cluster != "" {
 		switch {
@@ -96,14 +103,25 @@ func (o *objects) setPeer(p *kilo.Peer, deleted bool) {
 		delete(o.peers, p.Name)
 		return
 	}
-	tp, rejs, ok := kilo.PeerToTopology(p, o.cluster)
+	tp, rejs, ok := o.limits.PeerToTopology(p, o.cluster)
+	created := p.CreationTimestamp.Time
 	if old, had := o.peers[p.Name]; !ok && had && old.ok {
 		// An edit that fails validation keeps the last valid version in
 		// force (its session too) while the rejection is reported.
-		o.peers[p.Name] = convertedPeer{peer: old.peer, ok: true, rejections: rejs}
+		o.peers[p.Name] = convertedPeer{peer: old.peer, ok: true, rejections: rejs, created: created}
 		return
 	}
-	o.peers[p.Name] = convertedPeer{peer: tp, ok: ok, rejections: rejs}
+	o.peers[p.Name] = convertedPeer{peer: tp, ok: ok, rejections: rejs, created: created}
+}
+
+// overLimit reports whether rejs reject field for a limit.
+func overLimit(rejs []topology.Rejection, field string) bool {
+	for _, r := range rejs {
+		if r.Reason == topology.ReasonLimitExceeded && r.Field == field {
+			return true
+		}
+	}
+	return false
 }
 
 // retain drops the objects not named in keep (after a relist).
@@ -119,23 +137,34 @@ func retain[V any](m map[string]V, keep []string) {
 	}
 }
 
-// state returns the converted objects sorted by name, and the rejections
-// met while converting them.
+// state returns the converted objects sorted by name, within the count
+// limits, and the rejections met while converting them.
 func (o *objects) state() ([]topology.Node, []topology.Peer, []topology.Rejection) {
-	nodes := make([]topology.Node, 0, len(o.nodes))
-	var rejs []topology.Rejection
+	all := make([]kilo.NodeResult, 0, len(o.nodes))
 	for _, name := range sortedKeys(o.nodes) {
-		r := o.nodes[name]
+		all = append(all, o.nodes[name])
+	}
+	// A remote cluster's nodes over the limit are left out with their own
+	// rejections: one rejection says it for all of them.
+	all, rejs := limitNodes(o.cluster, o.limits, all)
+	nodes := make([]topology.Node, 0, len(all))
+	for _, r := range all {
 		nodes = append(nodes, r.Node)
 		rejs = append(rejs, r.Rejections...)
 	}
-	var peers []topology.Peer
+	var valid []convertedPeer
 	for _, name := range sortedKeys(o.peers) {
 		p := o.peers[name]
 		if p.ok {
-			peers = append(peers, p.peer)
+			valid = append(valid, p)
 		}
 		rejs = append(rejs, p.rejections...)
+	}
+	valid, r := limitPeers(o.cluster, o.limits, valid)
+	rejs = append(rejs, r...)
+	var peers []topology.Peer
+	for _, p := range valid {
+		peers = append(peers, p.peer)
 	}
 	return nodes, peers, rejs
 }

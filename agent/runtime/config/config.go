@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 )
@@ -105,6 +106,9 @@ type Config struct {
 	IptablesForwardRules bool
 	// PrintVersion is kg's --version.
 	PrintVersion bool
+	// MaxPeerAllowedIPs, MaxAllowedLocationIPs, MaxPeers and MaxRemoteNodes
+	// bound hostile input (kilo.Limits; 0: no limit, as Kilo).
+	MaxPeerAllowedIPs, MaxAllowedLocationIPs, MaxPeers, MaxRemoteNodes int
 
 	parsed parsed
 }
@@ -172,6 +176,11 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LeaseDuration, "leader-lease-duration", 3*time.Second, "how long a location's leader that stopped renewing its Lease is presumed alive (whole seconds)")
 	fs.DurationVar(&c.LeaseRenew, "leader-lease-renew", time.Second, "how often a location's leader renews its Lease")
 	fs.BoolVar(&c.InsecureKubeconfigExec, "insecure-kubeconfig-exec", false, "let remote clusters' kubeconfig Secrets run exec credential plugins (the command runs as root on every segment leader; default: such kubeconfigs are refused, as are auth providers and file paths)")
+	d := kilo.DefaultLimits
+	fs.IntVar(&c.MaxPeerAllowedIPs, "max-peer-allowed-ips", d.PeerAllowedIPs, "a Peer with more spec.allowedIPs is rejected (0: no limit; docs/kilo-compatibility.md#limits)")
+	fs.IntVar(&c.MaxAllowedLocationIPs, "max-allowed-location-ips", d.AllowedLocationIPs, "a node's kilo.squat.ai/allowed-location-ips with more prefixes is ignored (0: no limit)")
+	fs.IntVar(&c.MaxPeers, "max-peers", d.Peers, "Peers planned per cluster (local, each remote), the oldest first; the others are rejected (0: no limit)")
+	fs.IntVar(&c.MaxRemoteNodes, "max-remote-nodes", d.RemoteNodes, "Nodes planned per remote cluster, the oldest first; the others are rejected (0: no limit)")
 	fs.DurationVar(&c.HealthProbeInterval, "health-probe-interval", time.Second, "how often leaders probe their tunnels to the other leaders and nodes their underlay gateway (0: never, and no step-aside for health)")
 }
 
@@ -300,6 +309,15 @@ func (c *Config) Validate() error {
 	if c.LeaderElection && (c.LeaseRenew <= 0 || c.LeaseRenew >= c.LeaseDuration) {
 		bad("leader-lease-renew", "%v must be above 0 and below --leader-lease-duration (%v)", c.LeaseRenew, c.LeaseDuration)
 	}
+	for _, l := range []struct {
+		flag string
+		v    int
+	}{{"max-peer-allowed-ips", c.MaxPeerAllowedIPs}, {"max-allowed-location-ips", c.MaxAllowedLocationIPs},
+		{"max-peers", c.MaxPeers}, {"max-remote-nodes", c.MaxRemoteNodes}} {
+		if l.v < 0 {
+			bad(l.flag, "%d must be 0 (no limit) or more", l.v)
+		}
+	}
 	if c.HealthProbeInterval != 0 && c.HealthProbeInterval < 100*time.Millisecond {
 		bad("health-probe-interval", "%v must be 0 (off) or at least 100ms", c.HealthProbeInterval)
 	}
@@ -317,6 +335,12 @@ func (c *Config) Validate() error {
 		bad("log-level", "%q must be all, debug, info, warn, error or none", c.LogLevel)
 	}
 	return errors.Join(errs...)
+}
+
+// Limits returns the bounds on hostile input (--max-*).
+func (c *Config) Limits() kilo.Limits {
+	return kilo.Limits{PeerAllowedIPs: c.MaxPeerAllowedIPs, AllowedLocationIPs: c.MaxAllowedLocationIPs,
+		Peers: c.MaxPeers, RemoteNodes: c.MaxRemoteNodes}
 }
 
 // Settings returns the planner's settings. Call Validate first.

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/meshlet/meshlet/agent/core/kilo"
 )
 
 func parse(t *testing.T, args ...string) (*Config, error) {
@@ -31,6 +33,26 @@ func TestDefaultsMatchKilo(t *testing.T) {
 	if s.Interface != "kilo0" || s.Port != 51820 || s.Subnet.String() != "10.4.0.0/16" || s.Granularity != "location" ||
 		s.Encapsulate != "always" || !s.Local || c.Listen != ":1107" || s.MTU != 0 {
 		t.Fatalf("defaults = %+v listen=%s", s, c.Listen)
+	}
+}
+
+func TestLimitFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want kilo.Limits
+	}{
+		{nil, kilo.DefaultLimits},
+		{[]string{"--max-peers=0", "--max-peer-allowed-ips=0", "--max-allowed-location-ips=0", "--max-remote-nodes=0"}, kilo.Limits{}},
+		{[]string{"--max-peers=7", "--max-peer-allowed-ips=8", "--max-allowed-location-ips=9", "--max-remote-nodes=10"},
+			kilo.Limits{Peers: 7, PeerAllowedIPs: 8, AllowedLocationIPs: 9, RemoteNodes: 10}},
+	} {
+		c, err := parse(t, tc.args...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if got := c.Limits(); got != tc.want {
+			t.Errorf("%v: limits %+v, want %+v", tc.args, got, tc.want)
+		}
 	}
 }
 
@@ -63,6 +85,10 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--log-level=verbose"}, "--log-level"},
 		{[]string{"--encapsulate=sometimes"}, "--encapsulate"},
 		{[]string{"--mtu=9"}, "--mtu"},
+		{[]string{"--max-peers=-1"}, "--max-peers"},
+		{[]string{"--max-peer-allowed-ips=-1"}, "--max-peer-allowed-ips"},
+		{[]string{"--max-allowed-location-ips=-5"}, "--max-allowed-location-ips"},
+		{[]string{"--max-remote-nodes=-1"}, "--max-remote-nodes"},
 		{[]string{"--internal-cidr=nope"}, "--internal-cidr"},
 		{[]string{"--private-ip=10.0.0.1"}, "--private-ip"},
 		{[]string{"--service-cidr=10.96.0.0/33"}, "--service-cidr"},

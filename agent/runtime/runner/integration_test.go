@@ -164,6 +164,18 @@ func patchAnnotations(t *testing.T, cs kubernetes.Interface, name string, ann ma
 	}
 }
 
+// remoteKubeconfig puts the kubeconfig of remote's read-only ServiceAccount
+// (the shipped remote ClusterRole) in the local Secret name, and returns
+// its configuration.
+func remoteKubeconfig(ctx context.Context, t *testing.T, ladmin kubernetes.Interface, remote *apiserver.Server, name string) *rest.Config {
+	t.Helper()
+	ro := remote.ServiceAccountConfig(ctx, "kilo-system", "meshlet-remote")
+	if _, err := ladmin.CoreV1().Secrets("kilo-system").Create(ctx, kubeconfigSecret(t, ro, name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ro
+}
+
 func kubeconfigSecret(t *testing.T, cfg *rest.Config, name string) *corev1.Secret {
 	t.Helper()
 	kc, err := apiserver.Kubeconfig(cfg, "cluster-b")
@@ -171,6 +183,26 @@ func kubeconfigSecret(t *testing.T, cfg *rest.Config, name string) *corev1.Secre
 		t.Fatal(err)
 	}
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kilo-system"}, Data: map[string][]byte{"kubeconfig": kc}}
+}
+
+// agentConfig is the agents' configuration in these tests: kg's defaults.
+func agentConfig() config.Config {
+	var cfg config.Config
+	cfg.Interface, cfg.Port, cfg.Subnet, cfg.Granularity, cfg.Encapsulate, cfg.MTU = "kilo0", 51820, "10.4.0.0/16", "location", "always", "auto"
+	cfg.Namespace, cfg.ResyncPeriod, cfg.Local, cfg.TopologyLabel = "kilo-system", 30*time.Second, true, "topology.kubernetes.io/region"
+	return cfg
+}
+
+// a1Options run the agent of a-1 (key 1, 192.168.1.1/24 on eth0) with a
+// fake data plane.
+func a1Options(cfg config.Config, rc *rest.Config, w runner.WireGuard, level slog.Level) runner.Options {
+	return runner.Options{
+		Config: cfg, Node: "a-1", RestConfig: rc,
+		WireGuard: w, Host: fakeHost{},
+		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
+			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})), RemoteProbe: 300 * time.Millisecond,
+	}
 }
 
 func TestAgentAgainstRealAPIServers(t *testing.T) {
@@ -212,10 +244,7 @@ func TestAgentAgainstRealAPIServers(t *testing.T) {
 
 	// The remote credentials: a read-only ServiceAccount bound to the shipped
 	// remote ClusterRole.
-	remoteRO := remote.ServiceAccountConfig(ctx, "kilo-system", "meshlet-remote")
-	if _, err := ladmin.CoreV1().Secrets("kilo-system").Create(ctx, kubeconfigSecret(t, remoteRO, "cluster-b-kubeconfig"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	remoteRO := remoteKubeconfig(ctx, t, ladmin, remote, "cluster-b-kubeconfig")
 	mesh := []byte(`
 apiVersion: kilo.squat.ai/v1alpha1
 kind: ClusterMesh
@@ -235,9 +264,7 @@ spec:
 	}
 
 	// The agent runs with exactly the shipped local RBAC.
-	var cfg config.Config
-	cfg.Interface, cfg.Port, cfg.Subnet, cfg.Granularity, cfg.Encapsulate, cfg.MTU = "kilo0", 51820, "10.4.0.0/16", "location", "always", "auto"
-	cfg.Namespace, cfg.ResyncPeriod, cfg.Local, cfg.TopologyLabel = "kilo-system", 30*time.Second, true, "topology.kubernetes.io/region"
+	cfg := agentConfig()
 	cfg.ClusterMeshStatus = true
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -251,13 +278,7 @@ spec:
 		t.Fatal(err)
 	}
 	agentCfg.UserAgent = "meshlet/test" // as meshlet run's: apiserver.ByMeshlet
-	agent, err := runner.New(runner.Options{
-		Config: cfg, Node: "a-1", RestConfig: agentCfg,
-		WireGuard: wg, Host: fakeHost{},
-		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
-			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), RemoteProbe: 300 * time.Millisecond,
-	})
+	agent, err := runner.New(a1Options(cfg, agentCfg, wg, slog.LevelInfo))
 	if err != nil {
 		t.Fatal(err)
 	}

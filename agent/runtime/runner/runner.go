@@ -145,7 +145,7 @@ func New(o Options) (*Agent, error) {
 	loop := &reconcile.Loop{Node: o.Node, Settings: o.Config.Settings(), Resync: o.Config.ResyncPeriod,
 		Self: o.Self, WireGuard: o.WireGuard, Host: o.Host, PeerLabels: collector, Metrics: am, Log: o.Log, Clock: o.Clock}
 	local, err := cluster.NewLocal(cluster.LocalOptions{Config: o.RestConfig, Client: client, Namespace: o.Config.Namespace,
-		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log, Clock: o.Clock})
+		NoClusterMeshes: !o.Grants.On(grants.ClusterMesh), Node: o.Node, Notify: loop.Notify, Log: o.Log, Clock: o.Clock, Limits: o.Config.Limits()})
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +156,7 @@ func New(o Options) (*Agent, error) {
 	secrets.Allowed = grants.SecretAccess(client, o.Config.Namespace)
 	secrets.Clock = o.Clock
 	remotes := &cluster.Remotes{Secrets: secrets, Notify: loop.Notify, Log: o.Log, Metrics: am, ProbeInterval: o.RemoteProbe, Clock: o.Clock,
-		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}}
+		Policy: cluster.KubeconfigPolicy{AllowExec: o.Config.InsecureKubeconfigExec}, Limits: o.Config.Limits()}
 	broadcaster := record.NewBroadcaster()
 	var recorder record.EventRecorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: events.Component, Host: o.Node})
 	if !o.Grants.On(grants.Events) {
