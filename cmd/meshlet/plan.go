@@ -101,7 +101,7 @@ func newPlanCmd() *cobra.Command {
 }
 
 func runPlan(c *cobra.Command, f *planFlags) error {
-	cfg, stdout := f.cfg, c.OutOrStdout()
+	cfg, stdout := &f.cfg, c.OutOrStdout() // Validate parses into f.cfg, which planObjects reads
 	switch {
 	case f.node == "":
 		return usage(errors.New("--node is required"))
@@ -127,19 +127,10 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 			return err
 		}
 	}
-	snap := cluster.Snapshot(local, rem, cfg.ClusterName)
-	snap.Settings = cfg.Settings()
-	if snap.Now, err = planTime(f.now, snap.Nodes); err != nil {
-		return usage(err)
-	}
-	for i := range snap.Remotes {
-		snap.Remotes[i].HeardOnce(snap.Now)
-	}
-	self, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, c.Flags().Changed("port"), f.iface, f.cilium, f.tunnel)
+	plan, now, err := planObjects(f, *nodeName, c.Flags().Changed("port"), local, rem)
 	if err != nil {
 		return err
 	}
-	plan := planner.Compute(snap, self)
 	switch *output {
 	case "json":
 		enc := json.NewEncoder(stdout)
@@ -153,7 +144,26 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 		_, err = stdout.Write(b)
 		return err
 	}
-	return printPlan(stdout, plan, snap.Now)
+	return printPlan(stdout, plan, now)
+}
+
+// planObjects plans for node from the objects the files hold, at the time
+// it plans at (the fuzz target FuzzPlanInput drives it as runPlan does).
+func planObjects(f *planFlags, node string, portSet bool, local cluster.Objects, rem map[string]cluster.Objects) (topology.Plan, time.Time, error) {
+	snap := cluster.Snapshot(local, rem, f.cfg.ClusterName)
+	snap.Settings = f.cfg.Settings()
+	var err error
+	if snap.Now, err = planTime(f.now, snap.Nodes); err != nil {
+		return topology.Plan{}, snap.Now, usage(err)
+	}
+	for i := range snap.Remotes {
+		snap.Remotes[i].HeardOnce(snap.Now)
+	}
+	self, err := selfFromFile(node, snap.Nodes, &snap.Settings, portSet, f.iface, f.cilium, f.tunnel)
+	if err != nil {
+		return topology.Plan{}, snap.Now, err
+	}
+	return planner.Compute(snap, self), snap.Now, nil
 }
 
 func readObjectsFile(path string) (cluster.Objects, error) {
