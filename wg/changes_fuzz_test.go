@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,19 +67,30 @@ func newFuzzDevice() *device.Device {
 }
 
 // deviceConfig is what a set can change on dev: its get=1 answer without
-// the counters and handshake times.
+// the counters and handshake times, peers in key order (the device lists
+// them in map order).
 func deviceConfig(dev *device.Device) string {
 	s, err := dev.IpcGet()
 	if err != nil {
 		panic(err) // a get cannot fail
 	}
-	var b strings.Builder
+	var head string
+	var peers []string
 	for _, l := range strings.Split(s, "\n") {
-		if !strings.HasPrefix(l, "last_handshake_time") && !strings.HasPrefix(l, "tx_bytes=") && !strings.HasPrefix(l, "rx_bytes=") {
-			b.WriteString(l + "\n")
+		if l == "" || strings.HasPrefix(l, "last_handshake_time") || strings.HasPrefix(l, "tx_bytes=") || strings.HasPrefix(l, "rx_bytes=") {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(l, "public_key="):
+			peers = append(peers, l+"\n")
+		case len(peers) > 0:
+			peers[len(peers)-1] += l + "\n"
+		default:
+			head += l + "\n"
 		}
 	}
-	return b.String()
+	slices.Sort(peers)
+	return head + strings.Join(peers, "")
 }
 
 // steppedConn is the device's end of a UAPI connection fed chunk by chunk:
@@ -120,7 +132,7 @@ func (c *steppedConn) Close() error                { return nil }
 func uapiSeeds() []string {
 	k1 := "0101010101010101010101010101010101010101010101010101010101010101"
 	k2 := "0202020202020202020202020202020202020202020202020202020202020202"
-	set := "set=1\nprivate_key=" + strings.Repeat("a8", 32) + "\nlisten_port=51820\nreplace_peers=false\n" +
+	set := "set=1\nprivate_key=" + strings.Repeat("a8", 32) + "\nlisten_port=51820\n" +
 		"public_key=" + k1 + "\nendpoint=198.51.100.7:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\n" +
 		"allowed_ip=10.2.0.0/16\nallowed_ip=100.66.1.1/32\n" +
 		"public_key=" + k2 + "\nendpoint=[2001:db8::2]:51821\nallowed_ip=10.5.0.1/32\n\n"
