@@ -91,7 +91,7 @@ func FuzzRemoteConfig(f *testing.F) {
 		cfg, err := RemoteConfig(data, policy)
 		if err != nil {
 			var ke *KubeconfigError
-			if !errors.As(err, &ke) || cfg != nil || ke.Reason == "" {
+			if !errors.As(err, &ke) || cfg != nil || ke.Reason == "" || ke.Error() == "" {
 				t.Fatalf("refusal %T %v with config %v", err, err, cfg)
 			}
 			return
