@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -144,4 +145,57 @@ func rawMessage(f *testing.F, data []byte) []byte {
 		f.Fatalf("not an envelope: %v", gvk)
 	}
 	return append([]byte(nil), raw...)
+}
+
+// TestNodeCodecReadsTheWireAsTheFullDecoder: what FuzzNodeCodec found the
+// full decoder (k8s.io/api's generated code) takes and the codec refused
+// or read otherwise (testdata/fuzz/FuzzNodeCodec): both take it, and agree.
+func TestNodeCodecReadsTheWireAsTheFullDecoder(t *testing.T) {
+	pb := protobuf.NewSerializer(clientscheme.Scheme, clientscheme.Scheme)
+	ours := nodeSerializer{pb}
+	msg := func(num protowire.Number, b []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), b)
+	}
+	str := func(num protowire.Number, s string) []byte { return msg(num, []byte(s)) }
+	cat := func(bs ...[]byte) []byte {
+		var out []byte
+		for _, b := range bs {
+			out = append(out, b...)
+		}
+		return out
+	}
+	name := str(1, "n-1")
+	for _, c := range []struct {
+		name string
+		kind string
+		raw  []byte
+	}{
+		// A group opened as field 8 and closed as field 4.
+		{"mismatched group", "NodeList", []byte("C$")},
+		// A generation of ten bytes whose last has bits past the 64th.
+		{"varint overflow bits", "Node", msg(1, cat(name, []byte{7 << 3, 0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x7f}))},
+		// Field number 2^32+1: truncated to 1 (the name).
+		{"field number past 32 bits", "Node", msg(1, cat(protowire.AppendVarint(nil, (1<<32+1)<<3|uint64(protowire.BytesType)), []byte{2}, []byte("xy")))},
+		// A label whose key says varint and whose value runs past its entry.
+		{"map entry quirks", "Node", msg(1, cat(name, []byte{11<<3 | 2, 3, 1 << 3, 1, 'k', 2<<3 | 2, 4, 'v'}, []byte("alu")))},
+		{"empty deletion timestamp", "Node", msg(1, cat(name, msg(9, nil)))},
+		{"deletion timestamp with nanoseconds", "Node", msg(1, cat(name, msg(9, []byte{1 << 3, 5, 2 << 3, 9})))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			data := envelope(c.kind, c.raw)
+			want, _, err := pb.Decode(data, nil, nil)
+			if err != nil {
+				t.Fatalf("the full decoder refuses it (the case is wrong): %v", err)
+			}
+			got, _, err := ours.Decode(data, nil, nil)
+			if err != nil {
+				t.Fatalf("the codec refuses it: %v", err)
+			}
+			if c.kind == "Node" {
+				compareDecodedNode(t, got.(*corev1.Node), want.(*corev1.Node))
+			} else if len(got.(*corev1.NodeList).Items) != len(want.(*corev1.NodeList).Items) {
+				t.Fatal("items differ")
+			}
+		})
+	}
 }
