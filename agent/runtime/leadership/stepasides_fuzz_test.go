@@ -23,8 +23,9 @@ import (
 // meshlet.io/step-asides annotation is outside input. Reading it never
 // panics; what it reads is what setStepAsides writes back (less the
 // entries cooled down); and the planner, given it as the Lease's
-// step-asides with any holder, never panics and elects, in every segment,
-// one of the segment's nodes.
+// step-asides with any holder where the Lease governs, never panics,
+// elects in every segment one of the segment's nodes, and takes no node
+// cooling down after a step-aside for a candidate.
 //
 //	go test -run='^$' -fuzz='^FuzzStepAsides$' -parallel=1 ./agent/runtime/leadership/
 func FuzzStepAsides(f *testing.F) {
@@ -49,6 +50,12 @@ func FuzzStepAsides(f *testing.F) {
 	base := cluster.Snapshot(objs, nil, "")
 	base.Settings = topology.Settings{Interface: "kilo0", Granularity: topology.GranularityLocation, Port: 51820, Local: true}
 	base.Now = at
+	// Every node runs meshlet and nobody chose a leader by hand: the
+	// Lease governs (failover.Governance), so its step-asides count.
+	for i := range base.Nodes {
+		base.Nodes[i].MeshletVersion = "v0.3.0"
+		base.Nodes[i].Leader, base.Nodes[i].LeaderMark = false, false
+	}
 
 	f.Fuzz(func(t *testing.T, annotation, holder string, offset int64) {
 		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "meshlet-fsn1", Annotations: map[string]string{AnnotationStepAsides: annotation}}}
@@ -66,15 +73,25 @@ func FuzzStepAsides(f *testing.F) {
 				t.Fatalf("%q dropped while cooling down", k)
 			}
 		}
-		snap := base
-		snap.Now = now
-		snap.Lease = &topology.LeaseState{Name: l.Name, Exists: true, Holder: holder, Duration: 15 * time.Second, Fresh: now, StepAsides: m}
 		for _, n := range base.Nodes {
-			self := topology.Self{Name: n.Name, PublicKey: n.PublicKey}
+			snap := base
+			snap.Now = now
+			snap.Lease = &topology.LeaseState{Name: failover.LeaseName(topology.NodeLocation(n, topology.Defaults(base.Settings))), Exists: true,
+				Holder: holder, Duration: 15 * time.Second, Fresh: now, StepAsides: m}
+			self := topology.Self{Name: n.Name, PublicKey: n.PublicKey, Version: n.MeshletVersion}
 			if n.InternalIP.IsValid() {
 				self.Addresses = []topology.HostAddress{{Interface: "eth0", Prefix: n.InternalIP}}
 			}
 			plan := planner.Compute(snap, self)
+			if plan.Leadership == nil {
+				t.Fatalf("%s: no leadership with a Lease", n.Name)
+			}
+			// A node that stepped aside is no candidate while it cools down.
+			for _, c := range plan.Leadership.Candidates {
+				if sa, ok := m[c]; ok && now.Before(sa.At.Add(failover.StepAsideCoolDown)) {
+					t.Fatalf("%s: %s is a candidate while cooling down (%+v)", n.Name, c, sa)
+				}
+			}
 			for _, s := range plan.Segments {
 				if !slices.Contains(s.Nodes, s.Leader) {
 					t.Fatalf("segment %s elects %q, not one of %v", s.Name, s.Leader, s.Nodes)
