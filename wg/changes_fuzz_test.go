@@ -258,7 +258,7 @@ func TestUAPIConnPublishes(t *testing.T) {
 
 // FuzzChangeSubscriber: the agent's reader of the change feed takes any
 // bytes; every line is a pid (0 when not a number) and none is lost while
-// the watch keeps up.
+// the watch keeps up; while it does not, the last foreign writer is kept.
 func FuzzChangeSubscriber(f *testing.F) {
 	self := os.Getpid()
 	for _, s := range []string{"", "0\n", strconv.Itoa(self) + "\n4242\n", "12\n13", "x\n-1\n\n99999999999999999999\n", "\r\n1\r\n"} {
@@ -295,6 +295,26 @@ func FuzzChangeSubscriber(f *testing.F) {
 			if got[i] != want[i] {
 				t.Fatalf("%q: %v, want %v", b, got, want)
 			}
+		}
+		// A watch that is busy reading: the reader never blocks, and
+		// the one pid it keeps queued is the last foreign writer's.
+		busy := make(chan int, 1)
+		readChanges(bytes.NewReader(b), busy, self)
+		close(busy)
+		if len(want) == 0 {
+			if len(busy) != 0 {
+				t.Fatalf("%q: %d queued, want none", b, len(busy))
+			}
+			return
+		}
+		kept := want[0]
+		for _, pid := range want[1:] {
+			if pid != self {
+				kept = pid
+			}
+		}
+		if pid := <-busy; pid != kept {
+			t.Fatalf("%q: %d queued, want %d", b, pid, kept)
 		}
 	})
 }
