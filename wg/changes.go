@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -107,63 +108,73 @@ func (f *changeFeed) close() error {
 	return err
 }
 
-// uapiConn is a UAPI connection whose operations are followed as they are
-// read, so that a set is published once the device answered it. The UAPI
-// (https://www.wireguard.com/xplatform/) frames every operation the same
-// way: a line "get=1" or "set=1", key=value lines, an empty line; the
-// device answers after it applied the whole operation. wireguard-go's
-// IpcHandle serves the connection unchanged.
+// uapiConn is a UAPI connection that publishes the configurations written
+// through it. The UAPI (https://www.wireguard.com/xplatform/) frames every
+// operation as a line "get=1" or "set=1", key=value lines and an empty
+// line, and the device answers each operation once it has handled it;
+// wireguard-go's IpcHandle serves the connection unchanged.
+//
+// The connection does not parse the operations to find the sets: where
+// wireguard-go starts its next operation depends on how it buffered the
+// stream (after a get with a trailing character, after a set that failed
+// half-way or whose lines its scanner read past, after several operations
+// sent at once), and a set that the device applied where a parser saw
+// none, or applied after the answer a parser published at, would be
+// drift nobody notices (FuzzUAPIChangeFeed found both). So the rule is
+// the one thing that cannot be misread: an answer is not published only
+// when everything the connection carried so far is whole gets, each read
+// alone before its answer ("get=1\n\n": what wgctrl and wg(8) send, one
+// operation per connection); from the first other exchange on, every
+// answer is published (a write of the device follows every change it
+// makes: a set always ends with its answer).
 type uapiConn struct {
 	net.Conn
-	feed *changeFeed
-	pid  int
+	publish func(pid int) // the feed's publish
+	pid     int
 
-	mu       sync.Mutex
-	line     []byte // the start of the current line (enough for "set=1")
-	inOp     bool   // between an operation line and its empty line
-	setSent  bool   // a set was read; published at its answer
-	overflow bool   // the current line is longer than line's capacity
+	mu        sync.Mutex
+	read      []byte // read since the last answer, while it can still be a whole get
+	readSince bool   // something was read since the last answer
+	tainted   bool   // an exchange other than a whole get was seen: publish every answer
 }
 
-func newUAPIConn(c net.Conn, feed *changeFeed) *uapiConn {
-	return &uapiConn{Conn: c, feed: feed, pid: peerPID(c), line: make([]byte, 0, 8)}
+// wholeGet is the only exchange that is not published.
+const wholeGet = "get=1\n\n"
+
+func newUAPIConn(c net.Conn, publish func(pid int)) *uapiConn {
+	return &uapiConn{Conn: c, publish: publish, pid: peerPID(c), read: make([]byte, 0, len(wholeGet))}
 }
 
 func (c *uapiConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.mu.Lock()
-	for _, b := range p[:n] {
-		if b != '\n' {
-			if len(c.line) < cap(c.line) {
-				c.line = append(c.line, b)
+	if n > 0 {
+		c.mu.Lock()
+		c.readSince = true
+		if !c.tainted {
+			if len(c.read)+n > len(wholeGet) {
+				c.tainted = true
 			} else {
-				c.overflow = true
+				c.read = append(c.read, p[:n]...)
 			}
-			continue
 		}
-		switch {
-		case !c.inOp:
-			c.inOp = true
-			if !c.overflow && string(c.line) == "set=1" {
-				c.setSent = true
-			}
-		case len(c.line) == 0 && !c.overflow:
-			c.inOp = false
-		}
-		c.line, c.overflow = c.line[:0], false
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 	return n, err
 }
 
+// Write is the device's answer to an operation (one or several writes: a
+// write with nothing read since the previous one continues an answer).
 func (c *uapiConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.mu.Lock()
-	publish := c.setSent
-	c.setSent = false
+	if c.readSince && string(c.read) != wholeGet {
+		c.tainted = true
+	}
+	c.read, c.readSince = c.read[:0], false
+	publish := c.tainted
 	c.mu.Unlock()
 	if publish {
-		c.feed.publish(c.pid)
+		c.publish(c.pid)
 	}
 	return n, err
 }
@@ -206,28 +217,35 @@ func subscribeChanges(iface string) (*changeSub, error) {
 	ch := make(chan int, 16)
 	go func() {
 		defer close(ch)
-		sc := bufio.NewScanner(c)
-		for sc.Scan() {
-			pid, err := strconv.Atoi(sc.Text())
-			if err != nil {
-				pid = 0
-			}
-			select {
-			case ch <- pid:
-			default:
-				// The watch is busy reading: it reads again for the next
-				// one anyway; keep a foreign writer rather than our own.
-				if pid != os.Getpid() {
-					select {
-					case <-ch:
-					default:
-					}
-					ch <- pid
-				}
-			}
-		}
+		readChanges(c, ch, os.Getpid())
 	}()
 	return &changeSub{C: ch, conn: c}, nil
 }
 
 func (s *changeSub) close() { s.conn.Close() }
+
+// readChanges reads the feed's lines from r into ch until r ends: each
+// line is a writer's pid, 0 when it is not a number. When ch is full the
+// watch is busy reading (it reads again for the next one anyway): the
+// line is dropped, unless it is a foreign writer's (not self), which
+// replaces one queued.
+func readChanges(r io.Reader, ch chan int, self int) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		pid, err := strconv.Atoi(sc.Text())
+		if err != nil {
+			pid = 0
+		}
+		select {
+		case ch <- pid:
+		default:
+			if pid != self {
+				select {
+				case <-ch:
+				default:
+				}
+				ch <- pid
+			}
+		}
+	}
+}

@@ -266,7 +266,7 @@ func startUserspace(name string, log *slog.Logger) (*Device, error) {
 				return // listener closed
 			}
 			if feed != nil {
-				c = newUAPIConn(c, feed)
+				c = newUAPIConn(c, feed.publish)
 			}
 			go dev.IpcHandle(c)
 		}

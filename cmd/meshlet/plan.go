@@ -102,7 +102,7 @@ func newPlanCmd() *cobra.Command {
 }
 
 func runPlan(c *cobra.Command, f *planFlags) error {
-	cfg, stdout := f.cfg, c.OutOrStdout()
+	cfg, stdout := &f.cfg, c.OutOrStdout() // Validate parses into f.cfg, which planObjects reads
 	switch {
 	case f.node == "":
 		return usage(errors.New("--node is required"))
@@ -128,19 +128,10 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 			return err
 		}
 	}
-	snap := cluster.Snapshot(local, rem, cfg.ClusterName)
-	snap.Settings = cfg.Settings()
-	if snap.Now, err = planTime(f.now, snap.Nodes); err != nil {
-		return usage(err)
-	}
-	for i := range snap.Remotes {
-		snap.Remotes[i].HeardOnce(snap.Now)
-	}
-	self, assumed, err := selfFromFile(*nodeName, snap.Nodes, &snap.Settings, c.Flags().Changed("port"), f.iface, f.cilium, f.tunnel)
+	plan, now, err := planObjects(f, *nodeName, c.Flags().Changed("port"), local, rem)
 	if err != nil {
 		return err
 	}
-	plan := planned{Plan: planner.Compute(snap, self), Assumed: assumed}
 	switch *output {
 	case "json":
 		enc := json.NewEncoder(stdout)
@@ -154,7 +145,26 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 		_, err = stdout.Write(b)
 		return err
 	}
-	return printPlan(stdout, plan, snap.Now)
+	return printPlan(stdout, plan, now)
+}
+
+// planObjects plans for node from the objects the files hold, at the time
+// it plans at (the fuzz target FuzzPlanInput drives it as runPlan does).
+func planObjects(f *planFlags, node string, portSet bool, local cluster.Objects, rem map[string]cluster.Objects) (planned, time.Time, error) {
+	snap := cluster.Snapshot(local, rem, f.cfg.ClusterName)
+	snap.Settings = f.cfg.Settings()
+	var err error
+	if snap.Now, err = planTime(f.now, snap.Nodes); err != nil {
+		return planned{}, snap.Now, usage(err)
+	}
+	for i := range snap.Remotes {
+		snap.Remotes[i].HeardOnce(snap.Now)
+	}
+	self, assumed, err := selfFromFile(node, snap.Nodes, &snap.Settings, portSet, f.iface, f.cilium, f.tunnel)
+	if err != nil {
+		return planned{}, snap.Now, err
+	}
+	return planned{Plan: planner.Compute(snap, self), Assumed: assumed}, snap.Now, nil
 }
 
 func readObjectsFile(path string) (cluster.Objects, error) {

@@ -14,9 +14,10 @@ import (
 )
 
 // Fuzz targets for every parser. Their seed corpus runs in plain `go test`;
-// `go test -run=^$ -fuzz=FuzzX ./agent/kilo/` explores further. Besides "no
-// panic", each checks that whatever a parser accepts formats and parses back
-// to the same value.
+// `go test -run='^$' -fuzz='^FuzzX$' -parallel=1 ./agent/core/kilo/`
+// explores further (docs/security.md#fuzzing). Besides "no panic", each
+// checks that whatever a parser accepts formats and parses back to the
+// same value.
 
 var endpointSeeds = []string{"", "1.2.3.4:51820", "[2001:db8::1]:51820", "vpn.example.com:1", "1.2.3.4", "[::ffff:1.2.3.4]:5",
 	"[fe80::1%eth0]:1", ":0", "a:65536", "[1.2.3.4]:7", "1.2.3.4:00001"}

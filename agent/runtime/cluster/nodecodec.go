@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
@@ -143,24 +144,123 @@ type field struct {
 	varint uint64
 }
 
+// The wire format is read exactly as the full decoder (the code generated
+// for k8s.io/api) reads it, so that whatever it takes the codec takes too
+// (FuzzNodeCodec): a varint of up to ten bytes whose bits past the 64th
+// are dropped, a field number truncated to 32 bits, groups skipped by
+// depth without matching their numbers. protowire is stricter on all
+// three.
+var (
+	errVarintOverflow = errors.New("proto: integer overflow")
+	errEndGroup       = errors.New("proto: end group for non-group")
+)
+
+// varint reads a varint at the start of b and says how long it was.
+func varint(b []byte) (v uint64, n int, err error) {
+	for shift := uint(0); ; shift += 7 {
+		if shift >= 64 {
+			return 0, 0, errVarintOverflow
+		}
+		if n >= len(b) {
+			return 0, 0, io.ErrUnexpectedEOF
+		}
+		c := b[n]
+		n++
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return v, n, nil
+		}
+	}
+}
+
+// skipField is the length of the field whose tag starts b, for a field
+// eachField does not read: fixed-size values and groups (skipGenerated of
+// the generated code).
+func skipField(b []byte) (int, error) {
+	i, depth := 0, 0
+	for i < len(b) {
+		wire, n, err := varint(b[i:])
+		if err != nil {
+			return 0, err
+		}
+		i += n
+		switch protowire.Type(wire & 7) {
+		case protowire.VarintType:
+			_, n, err := varint(b[i:])
+			if err != nil {
+				return 0, err
+			}
+			i += n
+		case protowire.Fixed64Type:
+			i += 8
+		case protowire.BytesType:
+			l, n, err := varint(b[i:])
+			if err != nil {
+				return 0, err
+			}
+			if int(l) < 0 || i+n+int(l) < 0 {
+				return 0, errors.New("proto: negative length")
+			}
+			i += n + int(l)
+		case protowire.StartGroupType:
+			depth++
+		case protowire.EndGroupType:
+			if depth == 0 {
+				return 0, errors.New("proto: unexpected end of group")
+			}
+			depth--
+		case protowire.Fixed32Type:
+			i += 4
+		default:
+			return 0, fmt.Errorf("proto: illegal wire type %d", wire&7)
+		}
+		if depth == 0 {
+			if i > len(b) {
+				return 0, io.ErrUnexpectedEOF
+			}
+			return i, nil
+		}
+	}
+	return 0, io.ErrUnexpectedEOF
+}
+
 func eachField(b []byte, fn func(field) error) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		wire, n, err := varint(b)
+		if err != nil {
+			return err
 		}
-		b = b[n:]
-		f := field{num: num, typ: typ}
-		switch typ {
+		f := field{num: protowire.Number(int32(wire >> 3)), typ: protowire.Type(wire & 7)}
+		switch {
+		case f.typ == protowire.EndGroupType:
+			return errEndGroup
+		case f.num <= 0:
+			return fmt.Errorf("proto: illegal tag %d", f.num)
+		}
+		switch f.typ {
 		case protowire.BytesType:
-			f.bytes, n = protowire.ConsumeBytes(b)
+			l, m, err := varint(b[n:])
+			if err != nil {
+				return err
+			}
+			if l > uint64(len(b)-n-m) {
+				return io.ErrUnexpectedEOF
+			}
+			// The capacity reaches the end of the enclosing message,
+			// for mapEntry.
+			f.bytes = b[n+m : n+m+int(l) : len(b)]
+			n += m + int(l)
 		case protowire.VarintType:
-			f.varint, n = protowire.ConsumeVarint(b)
+			v, m, err := varint(b[n:])
+			if err != nil {
+				return err
+			}
+			f.varint = v
+			n += m
 		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return protowire.ParseError(n)
+			if n, err = skipField(b); err != nil {
+				return err
+			}
 		}
 		b = b[n:]
 		if err := fn(f); err != nil {
@@ -222,23 +322,23 @@ func decodeObjectMeta(b []byte, m *metav1.ObjectMeta) error {
 		case 7:
 			m.Generation = int64(f.varint)
 		case 8, 9: // creationTimestamp, deletionTimestamp
-			var sec, nsec int64
+			// As metav1.Time decodes it: no bytes is the zero time, and
+			// only the seconds count (the nanoseconds are dropped).
+			var sec int64
 			if err := eachField(f.bytes, func(t field) error {
-				switch t.num {
-				case 1:
+				if t.num == 1 {
 					sec = int64(t.varint)
-				case 2:
-					nsec = int64(int32(t.varint))
 				}
 				return nil
 			}); err != nil {
 				return err
 			}
-			ts := metav1.Unix(sec, nsec)
+			ts := metav1.Time{}
+			if len(f.bytes) > 0 {
+				ts = metav1.Unix(sec, 0)
+			}
 			if f.num == 8 {
-				if len(f.bytes) > 0 { // empty is the zero time (metav1.Time.Unmarshal)
-					m.CreationTimestamp = ts
-				}
+				m.CreationTimestamp = ts
 			} else {
 				m.DeletionTimestamp = &ts
 			}
@@ -260,17 +360,48 @@ func decodeObjectMeta(b []byte, m *metav1.ObjectMeta) error {
 	})
 }
 
-func mapEntry(b []byte) (k, v string, err error) {
-	err = eachField(b, func(f field) error {
-		switch f.num {
-		case 1:
-			k = string(f.bytes)
-		case 2:
-			v = string(f.bytes)
+// mapEntry reads a map entry as the generated code does: its key (1) and
+// value (2) are strings whatever their wire type says, and may run past
+// the entry up to the end of the enclosing message (the entry's capacity:
+// eachField); other fields are skipped within the entry.
+func mapEntry(e []byte) (k, v string, err error) {
+	msg, end := e[:cap(e)], len(e)
+	for i := 0; i < end; {
+		wire, n, err := varint(msg[i:])
+		if err != nil {
+			return "", "", err
 		}
-		return nil
-	})
-	return k, v, err
+		switch num := int32(wire >> 3); num {
+		case 1, 2:
+			l, m, err := varint(msg[i+n:])
+			if err != nil {
+				return "", "", err
+			}
+			start := i + n + m
+			if int(l) < 0 || start+int(l) < 0 {
+				return "", "", errors.New("proto: negative length")
+			}
+			if start+int(l) > len(msg) {
+				return "", "", io.ErrUnexpectedEOF
+			}
+			if num == 1 {
+				k = string(msg[start : start+int(l)])
+			} else {
+				v = string(msg[start : start+int(l)])
+			}
+			i = start + int(l)
+		default:
+			skip, err := skipField(msg[i:])
+			if err != nil {
+				return "", "", err
+			}
+			if i+skip > end {
+				return "", "", io.ErrUnexpectedEOF
+			}
+			i += skip
+		}
+	}
+	return k, v, nil
 }
 
 func decodeNodeSpec(b []byte, s *corev1.NodeSpec) error {
