@@ -109,8 +109,10 @@ type ClusterMeshStatus struct {
 
 // ClusterStatus counts what was taken from one remote cluster.
 // registeredPeers and skippedNodes are the operator's fields (its
-// registered Peers are the remote nodes it copied; meshlet's are the remote
-// nodes it accepted); the others are meshlet's watcher's state.
+// registered Peers are the WireGuard peers it made for the cluster's nodes;
+// meshlet's are the cluster's leaders it peers with; skipped nodes are the
+// remote nodes rejected); the others are meshlet's watcher's state, which
+// kilo-clustermesh-operator's CRD does not keep.
 type ClusterStatus struct {
 	Name            string `json:"name"`
 	RegisteredPeers int    `json:"registeredPeers"`
