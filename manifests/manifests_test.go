@@ -603,6 +603,11 @@ spec:
 				{"create", "events.k8s.io", "events", "default", true},
 				{"list", "kilo.squat.ai", "clustermeshes", ns, true}, {"watch", "kilo.squat.ai", "clustermeshes", ns, true},
 				{"list", "", "secrets", ns, true}, {"watch", "", "secrets", ns, true},
+				// The ClusterMesh CRD's schema, read by the status writer; no
+				// other CRD verb.
+				{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", true},
+				{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", false},
+				{"update", "apiextensions.k8s.io", "customresourcedefinitions", "", false},
 				// Secrets are watched by name, never read one by one.
 				{"get", "", "secrets", ns, false},
 				// Nothing outside its namespace, no writes beyond the above.

@@ -116,6 +116,7 @@ func AgentGrants(namespace string) []authorizationv1.ResourceAttributes {
 		{Verb: "watch", Resource: "secrets", Namespace: namespace},
 		{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: namespace},
 		{Verb: "create", Resource: "events", Namespace: "default"},
+		{Verb: "get", Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"},
 	}
 }
 

@@ -345,3 +345,191 @@ func TestResolveAcrossMeshes(t *testing.T) {
 		})
 	}
 }
+
+// operatorMesh is the later kilo-clustermesh-operator's form (its
+// docs/configuration.md "Full" example, with cluster-b's kubeconfig).
+const operatorMesh = `
+apiVersion: kilo.squat.ai/v1alpha1
+kind: ClusterMesh
+metadata: {name: prod-mesh, namespace: kilo-system}
+spec:
+  clusters:
+    - name: cluster-a
+      local: true
+      podCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]
+      wireguardCIDR: 100.64.0.0/16
+      wireguardPort: 51820
+      serviceCIDR: 10.96.0.0/12
+      additionalCIDRs: [192.168.10.0/24]
+    - name: cluster-b
+      kubeconfigSecretRef: {name: cluster-b-kubeconfig, key: kubeconfig}
+      podCIDRs: [10.245.0.0/16, "fd00:10:245::/48"]
+      wireguardCIDR: 100.65.0.0/16
+      wireguardPort: 52000
+      serviceCIDR: 172.16.0.0/12
+      additionalCIDRs: [192.168.20.0/24]
+`
+
+// TestOperatorSchema: an entry in the later operator's form means
+// allowedNetworks = podCIDRs ∪ {wireguardCIDR} ∪ {serviceCIDR} ∪
+// additionalCIDRs, in that order, with keepalive 0 (the nodes' annotations
+// decide); the JSON keeps the operator's field names.
+func TestOperatorSchema(t *testing.T) {
+	m := decodeMesh(t, operatorMesh)
+	want := topology.Mesh{Namespace: "kilo-system", Name: "prod-mesh", Clusters: []topology.MeshCluster{
+		{Name: "cluster-a", Local: true, AllowedNetworks: pfx("10.244.0.0/16", "fd00:10:244::/48", "100.64.0.0/16", "10.96.0.0/12", "192.168.10.0/24"), WireGuardPort: 51820},
+		{Name: "cluster-b", AllowedNetworks: pfx("10.245.0.0/16", "fd00:10:245::/48", "100.65.0.0/16", "172.16.0.0/12", "192.168.20.0/24"), WireGuardPort: 52000},
+	}}
+	res := Resolve([]*ClusterMesh{m}, "")
+	if len(res.Rejections) > 0 || !reflect.DeepEqual(res.Meshes, []topology.Mesh{want}) {
+		t.Fatalf("got %+v %v", res.Meshes, res.Rejections)
+	}
+	if len(res.Kubeconfigs) != 1 || res.Kubeconfigs[0].Name != "cluster-b-kubeconfig" {
+		t.Fatalf("kubeconfigs %+v", res.Kubeconfigs)
+	}
+	b, err := json.Marshal(m.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{`"podCIDRs"`, `"wireguardCIDR"`, `"serviceCIDR"`, `"additionalCIDRs"`} {
+		if !strings.Contains(string(b), f) {
+			t.Errorf("JSON lacks %s: %s", f, b)
+		}
+	}
+	if strings.Contains(string(b), "allowedNetworks") || strings.Contains(string(b), "persistentKeepalive") {
+		t.Errorf("JSON has fields the entry did not set: %s", b)
+	}
+	c := m.DeepCopy()
+	c.Spec.Clusters[0].PodCIDRs[0], c.Spec.Clusters[0].AdditionalCIDRs[0] = "x", "y"
+	if !reflect.DeepEqual(m, decodeMesh(t, operatorMesh)) {
+		t.Fatal("DeepCopy shares podCIDRs or additionalCIDRs")
+	}
+}
+
+// TestBothSchemas: the networks of an entry are those of both forms added
+// up; one network written in both counts once (an entry being moved from
+// one form to the other), and each problem is named by the field the user
+// wrote.
+func TestBothSchemas(t *testing.T) {
+	remote := &SecretKeyRef{Name: "b-kubeconfig"}
+	tests := []struct {
+		name     string
+		clusters []Cluster
+		want     []rej      // nil = valid
+		networks [][]string // valid: each cluster's AllowedNetworks
+		fields   [][]string // valid: the list each network came from
+		check    func(*testing.T, topology.Mesh)
+	}{
+		{name: "the later form alone, without serviceCIDR or additionalCIDRs",
+			clusters: []Cluster{{Name: "a", Local: true, PodCIDRs: []string{"10.1.0.0/16"}, WireguardCIDR: "100.66.0.0/24"},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"10.2.0.0/16"}, WireguardCIDR: "100.66.1.0/24", WireguardPort: 51821}},
+			networks: [][]string{{"10.1.0.0/16", "100.66.0.0/24"}, {"10.2.0.0/16", "100.66.1.0/24"}},
+			fields: [][]string{{"spec.clusters[0].podCIDRs", "spec.clusters[0].wireguardCIDR"},
+				{"spec.clusters[1].podCIDRs", "spec.clusters[1].wireguardCIDR"}},
+			check: func(t *testing.T, m topology.Mesh) {
+				if b := m.Clusters[1]; b.PersistentKeepalive != 0 || b.WireGuardPort != 51821 {
+					t.Errorf("cluster b: %+v, want keepalive 0 (the nodes' annotations decide), port 51821", b)
+				}
+			}},
+		{name: "one entry in each form",
+			clusters: []Cluster{{Name: "a", Local: true, AllowedNetworks: []string{"10.1.0.0/16", "100.66.0.0/24"}},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"10.2.0.0/16"}, WireguardCIDR: "100.66.1.0/24", PersistentKeepalive: 25}},
+			networks: [][]string{{"10.1.0.0/16", "100.66.0.0/24"}, {"10.2.0.0/16", "100.66.1.0/24"}},
+			check: func(t *testing.T, m topology.Mesh) {
+				if m.Clusters[1].PersistentKeepalive != 25 {
+					t.Errorf("persistentKeepalive beside the later form: %+v", m.Clusters[1])
+				}
+			}},
+		{name: "both forms in one entry add up, allowedNetworks first",
+			clusters: []Cluster{{Name: "a", Local: true, AllowedNetworks: []string{"192.168.0.0/24"}, PodCIDRs: []string{"10.1.0.0/16"},
+				WireguardCIDR: "100.66.0.0/24", ServiceCIDR: "10.96.0.0/12", AdditionalCIDRs: []string{"192.168.1.0/24", "fd00:1::/64"}},
+				{Name: "b", KubeconfigSecretRef: remote, AllowedNetworks: []string{"10.2.0.0/16"}, AdditionalCIDRs: []string{"192.168.2.0/24"}}},
+			networks: [][]string{{"192.168.0.0/24", "10.1.0.0/16", "100.66.0.0/24", "10.96.0.0/12", "192.168.1.0/24", "fd00:1::/64"},
+				{"10.2.0.0/16", "192.168.2.0/24"}},
+			fields: [][]string{{"spec.clusters[0].allowedNetworks", "spec.clusters[0].podCIDRs", "spec.clusters[0].wireguardCIDR",
+				"spec.clusters[0].serviceCIDR", "spec.clusters[0].additionalCIDRs", "spec.clusters[0].additionalCIDRs"},
+				{"spec.clusters[1].allowedNetworks", "spec.clusters[1].additionalCIDRs"}}},
+		{name: "a network in both forms counts once (masked before comparing)",
+			clusters: []Cluster{{Name: "a", Local: true, AllowedNetworks: []string{"10.1.0.0/16", "100.66.0.0/24", "10.96.0.0/12"},
+				PodCIDRs: []string{"10.1.2.3/16"}, WireguardCIDR: "100.66.0.0/24", ServiceCIDR: " 10.96.0.0/12"},
+				{Name: "b", KubeconfigSecretRef: remote, AllowedNetworks: []string{"10.2.0.0/16"}}},
+			networks: [][]string{{"10.1.0.0/16", "100.66.0.0/24", "10.96.0.0/12"}, {"10.2.0.0/16"}}},
+		{name: "a repeat within the later form is an overlap, as for the operator",
+			clusters: []Cluster{{Name: "a", Local: true, PodCIDRs: []string{"10.1.0.0/16"}, WireguardCIDR: "100.66.0.0/24", AdditionalCIDRs: []string{"10.1.0.0/16"}},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"10.2.0.0/16"}}},
+			want: []rej{{"ns/m", "spec.clusters[0].additionalCIDRs", topology.ReasonNetworksOverlap}}},
+		{name: "a narrower network in the other form is an overlap",
+			clusters: []Cluster{{Name: "a", Local: true, AllowedNetworks: []string{"10.0.0.0/8"}, PodCIDRs: []string{"10.1.0.0/16"}},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"172.16.0.0/16"}}},
+			want: []rej{{"ns/m", "spec.clusters[0].podCIDRs", topology.ReasonNetworksOverlap}}},
+		{name: "overlap across clusters named by the later network's field",
+			clusters: []Cluster{{Name: "a", Local: true, PodCIDRs: []string{"10.1.0.0/16"}, WireguardCIDR: "100.66.0.0/16"},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"10.2.0.0/16"}, WireguardCIDR: "100.66.1.0/24"}},
+			want: []rej{{"ns/m", "spec.clusters[1].wireguardCIDR", topology.ReasonNetworksOverlap}}},
+		{name: "bad CIDRs are named as written",
+			clusters: []Cluster{{Name: "a", Local: true, PodCIDRs: []string{"10.1.0.0/16"}, WireguardCIDR: "100.66.0.0/24"},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"10.2.0.0/16", "10.3.0.0"}, WireguardCIDR: "x",
+					ServiceCIDR: "::ffff:10.4.0.0/112", AdditionalCIDRs: []string{"10.5.0.0/16", ""}}},
+			want: []rej{{"ns/m", "spec.clusters[1].podCIDRs[1]", topology.ReasonInvalidCIDR}, {"ns/m", "spec.clusters[1].wireguardCIDR", topology.ReasonInvalidCIDR},
+				{"ns/m", "spec.clusters[1].serviceCIDR", topology.ReasonInvalidCIDR}, {"ns/m", "spec.clusters[1].additionalCIDRs[1]", topology.ReasonInvalidCIDR}}},
+		{name: "a default route in any field",
+			clusters: []Cluster{{Name: "a", Local: true, PodCIDRs: []string{"10.1.0.0/16"}, AdditionalCIDRs: []string{"0.0.0.0/0"}},
+				{Name: "b", KubeconfigSecretRef: remote, PodCIDRs: []string{"10.2.0.0/16"}, ServiceCIDR: "::/0"}},
+			want: []rej{{"ns/m", "spec.clusters[0].additionalCIDRs[0]", topology.ReasonDefaultRoute}, {"ns/m", "spec.clusters[1].serviceCIDR", topology.ReasonDefaultRoute}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := &ClusterMesh{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m"}, Spec: ClusterMeshSpec{Clusters: tt.clusters}}
+			got, fields, rejs := validate(m, "")
+			if r := rejections(rejs); !reflect.DeepEqual(r, tt.want) {
+				t.Fatalf("rejections %+v (%v), want %+v", r, rejs, tt.want)
+			}
+			if tt.want != nil {
+				if !reflect.DeepEqual(got, topology.Mesh{}) {
+					t.Fatalf("invalid mesh leaked: %+v", got)
+				}
+				return
+			}
+			for i, c := range got.Clusters {
+				if !reflect.DeepEqual(c.AllowedNetworks, pfx(tt.networks[i]...)) {
+					t.Errorf("cluster %s: networks %v, want %v", c.Name, c.AllowedNetworks, tt.networks[i])
+				}
+			}
+			if tt.fields != nil && !reflect.DeepEqual(fields, tt.fields) {
+				t.Errorf("fields %v, want %v", fields, tt.fields)
+			}
+			if tt.check != nil {
+				tt.check(t, got)
+			}
+		})
+	}
+}
+
+// TestBothSchemasAcrossMeshes: one cluster declared in each form by two
+// meshes is the same cluster when the networks are the same; otherwise the
+// later mesh is rejected, named by the field the user wrote.
+func TestBothSchemasAcrossMeshes(t *testing.T) {
+	flat := mesh("ns", "m1", "a*=10.1.0.0/16,100.66.0.0/24", "b=10.2.0.0/16,100.66.1.0/24")
+	later := func(name, bPod string) *ClusterMesh {
+		return &ClusterMesh{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}, Spec: ClusterMeshSpec{Clusters: []Cluster{
+			{Name: "a", Local: true, PodCIDRs: []string{"10.1.0.0/16"}, WireguardCIDR: "100.66.0.0/24"},
+			{Name: "b", KubeconfigSecretRef: &SecretKeyRef{Name: "b", Key: "kubeconfig"}, PodCIDRs: []string{bPod}, WireguardCIDR: "100.66.1.0/24"},
+		}}}
+	}
+	res := Resolve([]*ClusterMesh{flat, later("m2", "10.2.0.0/16")}, "")
+	if len(res.Meshes) != 2 || len(res.Rejections) != 0 {
+		t.Fatalf("the same networks in the two forms: %+v %v", res.Meshes, res.Rejections)
+	}
+	res = Resolve([]*ClusterMesh{flat, later("m2", "10.2.0.0/17")}, "")
+	if r := rejections(res.Rejections); !reflect.DeepEqual(r, []rej{{"ns/m2", "spec.clusters[1]", ReasonMeshConflict}}) || len(res.Meshes) != 1 {
+		t.Fatalf("other networks: %+v", res.Rejections)
+	}
+	other := &ClusterMesh{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3"}, Spec: ClusterMeshSpec{Clusters: []Cluster{
+		{Name: "a", Local: true, AllowedNetworks: []string{"10.1.0.0/16", "100.66.0.0/24"}},
+		{Name: "c", KubeconfigSecretRef: &SecretKeyRef{Name: "c"}, PodCIDRs: []string{"10.3.0.0/16"}, ServiceCIDR: "10.2.128.0/17"},
+	}}}
+	res = Resolve([]*ClusterMesh{flat, other}, "")
+	if r := rejections(res.Rejections); !reflect.DeepEqual(r, []rej{{"ns/m3", "spec.clusters[1].serviceCIDR", topology.ReasonNetworksOverlap}}) {
+		t.Fatalf("overlap across meshes: %+v", res.Rejections)
+	}
+}

@@ -13,11 +13,14 @@ import (
 )
 
 // RemoteState is what the status writer's agent knows of one remote
-// cluster (its watcher).
+// cluster: its watcher's state, and the remote leaders its plan peers with.
 type RemoteState struct {
 	Watched, Synced, Ready bool
 	Nodes, Peers           int
-	Error                  string
+	// Leaders are the remote cluster's leaders that are WireGuard peers of
+	// this agent (a segment leader: every local leader has the same).
+	Leaders int
+	Error   string
 }
 
 // Reasons of the Ready condition.
@@ -33,8 +36,11 @@ const (
 
 // BuildStatus is the status of mesh m as seen from cluster clusterName
 // ("" = the entry marked local): one entry per remote cluster with what its
-// watcher knows (remotes, by cluster name) and the remote nodes rejected
-// (rejections of Node objects of that cluster), a Ready condition (the mesh
+// watcher knows (remotes, by cluster name), the operator's counts —
+// registeredPeers, to meshlet the remote leaders peered with (the operator's
+// Peers are the WireGuard peers of that cluster, meshlet's are its
+// leaders), and skippedNodes, the remote nodes rejected (rejections of Node
+// objects of that cluster) — and a Ready condition (the mesh
 // is accepted and every remote cluster is synced and reachable) and the
 // operator's NetworksOverlap condition. Conditions keep their transition
 // time while their status does not change.
@@ -59,8 +65,8 @@ func BuildStatus(m *ClusterMesh, clusterName string, remotes map[string]RemoteSt
 			continue
 		}
 		r := remotes[c.Name]
-		cs := ClusterStatus{Name: c.Name, SkippedNodes: len(skipped[c.Name]), Synced: r.Synced, Ready: r.Ready, Nodes: r.Nodes, Peers: r.Peers, Message: r.Error}
-		cs.RegisteredPeers = max(r.Nodes-cs.SkippedNodes, 0)
+		cs := ClusterStatus{Name: c.Name, RegisteredPeers: r.Leaders, SkippedNodes: len(skipped[c.Name]), Synced: r.Synced, Ready: r.Ready,
+			Nodes: r.Nodes, Peers: r.Peers, Message: r.Error}
 		switch {
 		case !r.Watched:
 			notWatched = append(notWatched, c.Name)

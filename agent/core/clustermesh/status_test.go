@@ -16,7 +16,7 @@ func TestBuildStatus(t *testing.T) {
 			{Name: "a", Local: true}, {Name: "b"}, {Name: "c"},
 		}}}
 	}
-	good := map[string]RemoteState{"b": {Watched: true, Synced: true, Ready: true, Nodes: 4, Peers: 1}, "c": {Watched: true, Synced: true, Ready: true, Nodes: 2}}
+	good := map[string]RemoteState{"b": {Watched: true, Synced: true, Ready: true, Nodes: 4, Peers: 1, Leaders: 4}, "c": {Watched: true, Synced: true, Ready: true, Nodes: 2, Leaders: 2}}
 	nodeRej := func(cluster, name string) topology.Rejection {
 		return topology.Rejection{Object: topology.ObjectRef{Kind: "Node", Cluster: cluster, Name: name}, Reason: topology.ReasonOutsideAllowed}
 	}
@@ -34,11 +34,11 @@ func TestBuildStatus(t *testing.T) {
 	}{
 		{name: "all ready", remotes: good, ready: "True", reason: ReasonClustersReady, overlap: "False", since: now,
 			clusters: []ClusterStatus{{Name: "b", RegisteredPeers: 4, Synced: true, Ready: true, Nodes: 4, Peers: 1}, {Name: "c", RegisteredPeers: 2, Synced: true, Ready: true, Nodes: 2}}},
-		{name: "by cluster name, skipped nodes counted once", cluster: "b", remotes: map[string]RemoteState{"a": {Watched: true, Synced: true, Ready: true, Nodes: 3}, "c": good["c"]},
+		{name: "by cluster name, skipped nodes counted once", cluster: "b", remotes: map[string]RemoteState{"a": {Watched: true, Synced: true, Ready: true, Nodes: 3, Leaders: 2}, "c": {Watched: true, Synced: true, Ready: true, Nodes: 2, Leaders: 1}},
 			rejections: []topology.Rejection{nodeRej("a", "a-1"), nodeRej("a", "a-1"), nodeRej("c", "c-9"), nodeRej("", "local")},
 			ready:      "True", reason: ReasonClustersReady, overlap: "False", since: now,
 			clusters: []ClusterStatus{{Name: "a", RegisteredPeers: 2, SkippedNodes: 1, Synced: true, Ready: true, Nodes: 3}, {Name: "c", RegisteredPeers: 1, SkippedNodes: 1, Synced: true, Ready: true, Nodes: 2}}},
-		{name: "remote down keeps counts", remotes: map[string]RemoteState{"b": {Watched: true, Synced: true, Nodes: 4, Error: "connection refused"}, "c": good["c"]},
+		{name: "remote down keeps counts", remotes: map[string]RemoteState{"b": {Watched: true, Synced: true, Nodes: 4, Leaders: 4, Error: "connection refused"}, "c": good["c"]},
 			ready: "False", reason: ReasonNotReady, overlap: "False", since: now,
 			clusters: []ClusterStatus{{Name: "b", RegisteredPeers: 4, Synced: true, Nodes: 4, Message: "connection refused"}, {Name: "c", RegisteredPeers: 2, Synced: true, Ready: true, Nodes: 2}}},
 		{name: "not watched", remotes: map[string]RemoteState{"b": good["b"]}, ready: "False", reason: ReasonNotWatched, overlap: "False", since: now,

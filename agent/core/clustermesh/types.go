@@ -1,6 +1,7 @@
 // Package clustermesh holds the ClusterMesh API (kilo.squat.ai/v1alpha1,
-// schema-compatible with kilo-clustermesh-operator 0.6.x, see
-// docs/clustermesh.md), its validation, and its conversion into the
+// schema-compatible with kilo-clustermesh-operator: 0.6.x's allowedNetworks
+// and the later podCIDRs / wireguardCIDR / serviceCIDR / additionalCIDRs,
+// see docs/clustermesh.md), its validation, and its conversion into the
 // planner's topology.Mesh. A mesh that fails validation never reaches the
 // planner: it becomes topology.Rejections and changes nothing on the data
 // plane. The package imports no client-go.
@@ -54,6 +55,12 @@ type ClusterMeshSpec struct {
 
 // Cluster is one entry of spec.clusters.
 //
+// Its networks are written in either of the operator's two forms, or both:
+// 0.6's flat AllowedNetworks, or the later PodCIDRs, WireguardCIDR,
+// ServiceCIDR and AdditionalCIDRs. They add up: the cluster's networks are
+// AllowedNetworks ∪ PodCIDRs ∪ {WireguardCIDR} ∪ {ServiceCIDR} ∪
+// AdditionalCIDRs (see Validate).
+//
 // Numbers are plain ints so that out-of-range values decode and are then
 // rejected with a reason rather than failing the decoding of a whole list.
 type Cluster struct {
@@ -63,11 +70,22 @@ type Cluster struct {
 	// --cluster-name (see Resolve).
 	Local bool `json:"local,omitempty"`
 	// AllowedNetworks are every CIDR of the cluster (pods, WireGuard subnet,
-	// services, hosts); nothing outside them is accepted from it.
+	// services, hosts); nothing outside them is accepted from it. The
+	// operator's 0.6 form.
 	AllowedNetworks []string `json:"allowedNetworks,omitempty"`
+	// PodCIDRs, WireguardCIDR, ServiceCIDR and AdditionalCIDRs are the
+	// later operator's form of the same: the pod networks, the WireGuard
+	// (kilo0) subnet, the service network and any other (host networks).
+	// To meshlet they are networks of the cluster like AllowedNetworks.
+	PodCIDRs        []string `json:"podCIDRs,omitempty"`
+	WireguardCIDR   string   `json:"wireguardCIDR,omitempty"`
+	ServiceCIDR     string   `json:"serviceCIDR,omitempty"`
+	AdditionalCIDRs []string `json:"additionalCIDRs,omitempty"`
 	// WireguardPort is the port its nodes listen on; 0 means 51820.
 	WireguardPort int `json:"wireguardPort,omitempty"`
-	// PersistentKeepalive in seconds, 0–65535, 0 = off.
+	// PersistentKeepalive in seconds, 0–65535, 0 = off (the later
+	// operator's form has none: the nodes' keepalive annotations then
+	// decide, README "Keepalive precedence").
 	PersistentKeepalive int `json:"persistentKeepalive,omitempty"`
 	// KubeconfigSecretRef names the Secret (same namespace) holding a
 	// kubeconfig for the cluster; required for remote entries.
@@ -91,8 +109,10 @@ type ClusterMeshStatus struct {
 
 // ClusterStatus counts what was taken from one remote cluster.
 // registeredPeers and skippedNodes are the operator's fields (its
-// registered Peers are the remote nodes it copied; meshlet's are the remote
-// nodes it accepted); the others are meshlet's watcher's state.
+// registered Peers are the WireGuard peers it made for the cluster's nodes;
+// meshlet's are the cluster's leaders it peers with; skipped nodes are the
+// remote nodes rejected); the others are meshlet's watcher's state, which
+// kilo-clustermesh-operator's CRD does not keep.
 type ClusterStatus struct {
 	Name            string `json:"name"`
 	RegisteredPeers int    `json:"registeredPeers"`
@@ -126,6 +146,12 @@ func (in *Cluster) DeepCopyInto(out *Cluster) {
 	*out = *in
 	if in.AllowedNetworks != nil {
 		out.AllowedNetworks = append([]string(nil), in.AllowedNetworks...)
+	}
+	if in.PodCIDRs != nil {
+		out.PodCIDRs = append([]string(nil), in.PodCIDRs...)
+	}
+	if in.AdditionalCIDRs != nil {
+		out.AdditionalCIDRs = append([]string(nil), in.AdditionalCIDRs...)
 	}
 	if in.KubeconfigSecretRef != nil {
 		r := *in.KubeconfigSecretRef

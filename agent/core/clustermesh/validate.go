@@ -65,7 +65,8 @@ func ToTopology(meshes []*ClusterMesh, clusterName string) ([]topology.Mesh, []t
 // Resolve validates every mesh (Validate), then checks the meshes against
 // each other in namespace/name order: a mesh is rejected whole when it
 // declares a cluster already declared by an accepted mesh with other
-// allowedNetworks (ReasonMeshConflict), or when any of its networks overlaps
+// networks (ReasonMeshConflict; the same networks in the other schema's
+// fields are the same), or when any of its networks overlaps
 // a network of a different cluster of an accepted mesh
 // (ReasonNetworksOverlap). "Earlier wins" makes the outcome independent of
 // the order the informer lists objects in. This cluster's entry counts as
@@ -98,7 +99,7 @@ func Resolve(meshes []*ClusterMesh, clusterName string) Result {
 			continue
 		}
 		prev = m
-		tm, rejs := Validate(m, clusterName)
+		tm, fields, rejs := validate(m, clusterName)
 		if len(rejs) > 0 {
 			res.Rejections = append(res.Rejections, rejs...)
 			continue
@@ -107,10 +108,9 @@ func Resolve(meshes []*ClusterMesh, clusterName string) Result {
 		for i, c := range tm.Clusters {
 			id := identity(c)
 			nets := sortedPrefixes(c.AllowedNetworks)
-			field := fmt.Sprintf("spec.clusters[%d].allowedNetworks", i)
 			if prior, ok := claims[id]; ok && !slices.Equal(prior.networks, nets) {
-				rejs = append(rejs, topology.Rejection{Object: ref, Field: field, Reason: ReasonMeshConflict,
-					Message: fmt.Sprintf("cluster %q has allowedNetworks %v here but %v in %s (as %q), which takes precedence",
+				rejs = append(rejs, topology.Rejection{Object: ref, Field: networksField(m.Spec.Clusters[i], i), Reason: ReasonMeshConflict,
+					Message: fmt.Sprintf("cluster %q has the networks %v here but %v in %s (as %q), which takes precedence",
 						c.Name, nets, prior.networks, prior.mesh, prior.cluster)})
 				continue
 			}
@@ -118,8 +118,9 @@ func Resolve(meshes []*ClusterMesh, clusterName string) Result {
 				if pid == id {
 					continue
 				}
-				if a, b, ok := firstOverlap(nets, prior.networks); ok {
-					rejs = append(rejs, topology.Rejection{Object: ref, Field: field, Reason: topology.ReasonNetworksOverlap,
+				if x, b, ok := firstOverlap(c.AllowedNetworks, prior.networks); ok {
+					a := c.AllowedNetworks[x]
+					rejs = append(rejs, topology.Rejection{Object: ref, Field: fields[i][x], Reason: topology.ReasonNetworksOverlap,
 						Message: fmt.Sprintf("%s of cluster %q overlaps %s of cluster %q in %s, which takes precedence",
 							a, c.Name, b, prior.cluster, prior.mesh)})
 				}
@@ -186,16 +187,17 @@ func comparePrefix(a, b netip.Prefix) int {
 	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
-// firstOverlap returns the first overlapping pair of a and b.
-func firstOverlap(a, b []netip.Prefix) (netip.Prefix, netip.Prefix, bool) {
-	for _, x := range a {
+// firstOverlap returns the index in a and the prefix of b of the first
+// overlapping pair.
+func firstOverlap(a, b []netip.Prefix) (int, netip.Prefix, bool) {
+	for i, x := range a {
 		for _, y := range b {
 			if x.Overlaps(y) {
-				return x, y, true
+				return i, y, true
 			}
 		}
 	}
-	return netip.Prefix{}, netip.Prefix{}, false
+	return 0, netip.Prefix{}, false
 }
 
 func meshRef(m *ClusterMesh) topology.ObjectRef {
@@ -206,16 +208,28 @@ func meshRef(m *ClusterMesh) topology.ObjectRef {
 // entry is the one named clusterName if there is one, else the single entry
 // marked local: true. Rules (docs/clustermesh.md): at least one cluster; names
 // are DNS labels, unique; at most one local: true entry, and exactly one if
-// clusterName names no entry; allowedNetworks are CIDRs (masked to their
-// network; 0.0.0.0/0 and ::/0 refused, a cluster must not claim everything);
-// wireguardPort 1–65535 (0 = 51820); persistentKeepalive 0–65535; every
-// remote entry has a kubeconfigSecretRef with a name (key defaults to
+// clusterName names no entry; the networks — allowedNetworks, podCIDRs,
+// wireguardCIDR, serviceCIDR and additionalCIDRs, which add up (in that
+// order) to the cluster's AllowedNetworks — are CIDRs (masked to their
+// network; 0.0.0.0/0 and ::/0 refused, a cluster must not claim
+// everything), each rejected under the field it was written in; a network
+// written in both forms (allowedNetworks and one of the others) counts
+// once; wireguardPort 1–65535 (0 = 51820); persistentKeepalive 0–65535;
+// every remote entry has a kubeconfigSecretRef with a name (key defaults to
 // "kubeconfig"); no two networks overlap, within a cluster or across
 // clusters. Any problem rejects the whole mesh: the returned Mesh is then
 // zero and every problem is listed.
 func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rejection) {
+	tm, _, rejs := validate(m, clusterName)
+	return tm, rejs
+}
+
+// validate is Validate, with the field each network of each cluster was
+// written in (its list, e.g. spec.clusters[1].podCIDRs), aligned with the
+// clusters' AllowedNetworks.
+func validate(m *ClusterMesh, clusterName string) (topology.Mesh, [][]string, []topology.Rejection) {
 	if m == nil {
-		return topology.Mesh{}, nil
+		return topology.Mesh{}, nil, nil
 	}
 	ref := meshRef(m)
 	var rejs []topology.Rejection
@@ -225,10 +239,11 @@ func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rej
 	clusters := m.Spec.Clusters
 	if len(clusters) == 0 {
 		reject("spec.clusters", topology.ReasonInvalidClusterMesh, "spec.clusters is empty")
-		return topology.Mesh{}, rejs
+		return topology.Mesh{}, nil, rejs
 	}
 	local := localIndex(clusters, clusterName, reject)
 	out := topology.Mesh{Namespace: m.Namespace, Name: m.Name, Clusters: make([]topology.MeshCluster, len(clusters))}
+	fields := make([][]string, len(clusters))
 	seen := map[string]int{}
 	for i, c := range clusters {
 		f := fmt.Sprintf("spec.clusters[%d]", i)
@@ -241,13 +256,13 @@ func Validate(m *ClusterMesh, clusterName string) (topology.Mesh, []topology.Rej
 		}
 		// Which entries are remote is unknown while the local one is
 		// unresolved; that error is reported already.
-		out.Clusters[i] = validateCluster(c, f, i == local, local >= 0 && i != local, reject)
+		out.Clusters[i], fields[i] = validateCluster(c, f, i == local, local >= 0 && i != local, reject)
 	}
-	rejectOverlaps(out.Clusters, reject)
+	rejectOverlaps(out.Clusters, fields, reject)
 	if len(rejs) > 0 {
-		return topology.Mesh{}, rejs
+		return topology.Mesh{}, nil, rejs
 	}
-	return out, nil
+	return out, fields, nil
 }
 
 // rejecter records one problem of a ClusterMesh.
@@ -282,21 +297,74 @@ func localIndex(clusters []Cluster, clusterName string, reject rejecter) int {
 	return local
 }
 
-// validateCluster checks one entry (field f) and converts it.
-func validateCluster(c Cluster, f string, local, remote bool, reject rejecter) topology.MeshCluster {
+// network is one CIDR of an entry as written: the value, its field
+// (spec.clusters[1].podCIDRs[0]) and the field's list (…podCIDRs), and
+// whether it is in 0.6's allowedNetworks.
+type network struct {
+	value, field, list string
+	flat               bool
+}
+
+// networks lists the CIDRs of entry c (field f) in both forms, in the order
+// they add up: allowedNetworks, podCIDRs, wireguardCIDR, serviceCIDR,
+// additionalCIDRs. An empty wireguardCIDR or serviceCIDR is unset.
+func networks(c Cluster, f string) []network {
+	var out []network
+	list := func(name string, values []string, flat bool) {
+		for j, v := range values {
+			out = append(out, network{value: v, field: fmt.Sprintf("%s.%s[%d]", f, name, j), list: f + "." + name, flat: flat})
+		}
+	}
+	one := func(name, v string) {
+		if v != "" {
+			out = append(out, network{value: v, field: f + "." + name, list: f + "." + name})
+		}
+	}
+	list("allowedNetworks", c.AllowedNetworks, true)
+	list("podCIDRs", c.PodCIDRs, false)
+	one("wireguardCIDR", c.WireguardCIDR)
+	one("serviceCIDR", c.ServiceCIDR)
+	list("additionalCIDRs", c.AdditionalCIDRs, false)
+	return out
+}
+
+// networksField names the networks of entry i as a whole, for a rejection
+// about all of them: allowedNetworks where the entry has only 0.6's form,
+// else the entry (its networks are in several fields).
+func networksField(c Cluster, i int) string {
+	f := fmt.Sprintf("spec.clusters[%d]", i)
+	if len(c.PodCIDRs) == 0 && c.WireguardCIDR == "" && c.ServiceCIDR == "" && len(c.AdditionalCIDRs) == 0 {
+		return f + ".allowedNetworks"
+	}
+	return f
+}
+
+// validateCluster checks one entry (field f) and converts it; the second
+// result is the list each of its AllowedNetworks was written in.
+func validateCluster(c Cluster, f string, local, remote bool, reject rejecter) (topology.MeshCluster, []string) {
 	mc := topology.MeshCluster{Name: c.Name, Local: local, WireGuardPort: c.WireguardPort, PersistentKeepalive: c.PersistentKeepalive}
-	for j, s := range c.AllowedNetworks {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+	var lists []string
+	flat := map[netip.Prefix]bool{} // allowedNetworks, which come first
+	for _, n := range networks(c, f) {
+		p, err := netip.ParsePrefix(strings.TrimSpace(n.value))
 		if err == nil && p.Addr().Is4In6() {
 			err = fmt.Errorf("IPv4-mapped IPv6 address")
 		}
 		switch {
 		case err != nil:
-			reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(s), err)
+			reject(n.field, topology.ReasonInvalidCIDR, "invalid CIDR %s: %v", quote(n.value), err)
 		case p.Bits() == 0:
-			reject(fmt.Sprintf("%s.allowedNetworks[%d]", f, j), topology.ReasonDefaultRoute, "%s would route everything to cluster %q", p, c.Name)
+			reject(n.field, topology.ReasonDefaultRoute, "%s would route everything to cluster %q", p, c.Name)
+		case !n.flat && flat[p.Masked()]:
+			// The same network in both forms (an entry being moved from
+			// one to the other): one network. Within one form a repeat is
+			// an overlap, as the operator has it.
 		default:
 			mc.AllowedNetworks = append(mc.AllowedNetworks, p.Masked())
+			lists = append(lists, n.list)
+			if n.flat {
+				flat[p.Masked()] = true
+			}
 		}
 	}
 	switch {
@@ -315,12 +383,13 @@ func validateCluster(c Cluster, f string, local, remote bool, reject rejecter) t
 			reject(f+".kubeconfigSecretRef.name", topology.ReasonInvalidClusterMesh, "Secret name %s: %s", quote(r.Name), strings.Join(errs, "; "))
 		}
 	}
-	return mc
+	return mc, lists
 }
 
-// rejectOverlaps reports overlapping allowedNetworks, within a cluster and
-// across clusters; each pair once.
-func rejectOverlaps(clusters []topology.MeshCluster, reject rejecter) {
+// rejectOverlaps reports overlapping networks, within a cluster and across
+// clusters, each pair once, under the field of the later network of the
+// pair (fields: the list each network was written in).
+func rejectOverlaps(clusters []topology.MeshCluster, fields [][]string, reject rejecter) {
 	for i := range clusters {
 		for j := i; j < len(clusters); j++ {
 			a, b := clusters[i], clusters[j]
@@ -329,7 +398,7 @@ func rejectOverlaps(clusters []topology.MeshCluster, reject rejecter) {
 				if i == j {
 					start = x + 1
 				}
-				for _, pb := range b.AllowedNetworks[start:] {
+				for y, pb := range b.AllowedNetworks[start:] {
 					if !pa.Overlaps(pb) {
 						continue
 					}
@@ -337,7 +406,7 @@ func rejectOverlaps(clusters []topology.MeshCluster, reject rejecter) {
 					if i == j {
 						where = fmt.Sprintf("cluster %q", a.Name)
 					}
-					reject(fmt.Sprintf("spec.clusters[%d].allowedNetworks", j), topology.ReasonNetworksOverlap, "%s and %s overlap (%s)", pa, pb, where)
+					reject(fields[j][start+y], topology.ReasonNetworksOverlap, "%s and %s overlap (%s)", pa, pb, where)
 				}
 			}
 		}

@@ -33,6 +33,11 @@ const (
 	ClusterMesh = "clustermesh"
 	// ClusterMeshStatus is writing the ClusterMesh objects' status.
 	ClusterMeshStatus = "clustermesh-status"
+	// ClusterMeshStatusSchema is writing the status fields the installed
+	// ClusterMesh CRD keeps, which the writer reads from the CRD (get, as
+	// kg's ClusterRole grants); off, it writes the fields every ClusterMesh
+	// CRD has (docs/clustermesh.md#status).
+	ClusterMeshStatusSchema = "clustermesh-status-schema"
 	// Lifecycle is telling an uninstall from a rolling update when the
 	// agent stops with kg's --clean-up: it reads its own pod and DaemonSet
 	// (docs/dropin.md#clean-up).
@@ -75,7 +80,7 @@ func (s Set) Off() []Feature {
 // All is every feature on: what the agent assumes when it cannot ask.
 func All() Set {
 	return Set{{Name: Mesh, On: true}, {Name: LeaderElection, On: true}, {Name: Events, On: true},
-		{Name: ClusterMesh, On: true}, {Name: ClusterMeshStatus, On: true}, {Name: Lifecycle, On: true}}
+		{Name: ClusterMesh, On: true}, {Name: ClusterMeshStatus, On: true}, {Name: ClusterMeshStatusSchema, On: true}, {Name: Lifecycle, On: true}}
 }
 
 // rule is one grant a feature needs.
@@ -118,11 +123,12 @@ var needs = map[string][]rule{
 	ClusterMesh: rules([]string{"list", "watch"}, "kilo.squat.ai", "clustermeshes", "", true),
 	ClusterMeshStatus: append(rules([]string{"patch"}, "kilo.squat.ai", "clustermeshes", "status", true),
 		rules([]string{"get", "list", "watch", "create", "update"}, "coordination.k8s.io", "leases", "", true)...),
-	Lifecycle: {{"list", "", "pods", "", true}, {"get", "apps", "daemonsets", "", true}},
+	ClusterMeshStatusSchema: {{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", false}},
+	Lifecycle:               {{"list", "", "pods", "", true}, {"get", "apps", "daemonsets", "", true}},
 }
 
 // order is the Set's order.
-var order = []string{Mesh, LeaderElection, Events, ClusterMesh, ClusterMeshStatus, Lifecycle}
+var order = []string{Mesh, LeaderElection, Events, ClusterMesh, ClusterMeshStatus, ClusterMeshStatusSchema, Lifecycle}
 
 // Check asks the API server what the agent may do in namespace (where
 // ClusterMeshes, their Secrets and the Leases are), and whether Kilo's

@@ -7,6 +7,15 @@
 // by someone else (kilo-clustermesh-operator) is a conflict of
 // server-side apply, and meshlet then leaves that ClusterMesh alone
 // (docs/clustermesh.md).
+//
+// It writes only the fields the installed ClusterMesh CRD keeps: it reads
+// the CRD once per process (get customresourcedefinitions, as kg may) and
+// projects the status onto its schema (clustermesh.StatusSchema): under
+// kilo-clustermesh-operator's CRD, which lacks meshlet's own fields, an
+// apply of them is refused ("field not declared in schema") and would be
+// tried at every pass; projected, it is accepted, what it wrote is what it
+// reads back, and an unchanged status is not written again. Without the CRD it writes the fields every ClusterMesh
+// CRD has (clustermesh.CommonStatus).
 package meshstatus
 
 import (
@@ -14,10 +23,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,7 +36,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/utils/clock"
+	kclock "k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -41,26 +52,35 @@ const FieldManager = "meshlet"
 // Writer writes ClusterMesh status while it holds the Lease.
 type Writer struct {
 	Client      kubernetes.Interface // Leases
-	Kilo        rest.Interface       // clustermeshes/status
+	Kilo        rest.Interface       // clustermeshes/status, and the CRD (AbsPath)
 	Namespace   string
 	Identity    string // this node
 	ClusterName string // "" = the entry marked local
 	Meshes      func() []*clustermesh.ClusterMesh
 	Remotes     func() []cluster.RemoteStatus
 	Log         *slog.Logger
-	// Clock stamps the status (nil: the real clock).
-	Clock clock.PassiveClock
+	// NoCRD: the agent may not read the ClusterMesh CRD (grants); the
+	// writer then writes the fields every ClusterMesh CRD has.
+	NoCRD bool
 	// Lease timing (defaults 15 s, 10 s, 2 s: client-go's usual values).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Now is the clock of condition transition times (default: the real clock).
+	Now func() time.Time
 
 	mu         sync.Mutex
 	ctx        context.Context
 	cancel     context.CancelFunc // the running election, nil when not a candidate
 	rejections []topology.Rejection
+	leaders    map[string]int // remote leaders peered, by mesh and cluster (leadersKey)
 	wake       chan struct{}
 	leading    bool
-	foreign    map[string]bool // meshes whose status another manager owns
+	foreign    map[string]bool     // meshes whose status another manager owns
+	schema     *clustermesh.Schema // of status in the installed CRD; nil until read
+	passes     atomic.Int64        // writeAll runs (tests)
 }
+
+// crdPath is the ClusterMesh CRD's URL path.
+const crdPath = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + clustermesh.CRDName
 
 // Start sets the context that bounds the elections.
 func (w *Writer) Start(ctx context.Context) {
@@ -84,6 +104,10 @@ func (w *Writer) Follow(plan topology.Plan) {
 		return
 	}
 	w.rejections = plan.Rejections
+	w.leaders = map[string]int{}
+	for _, r := range plan.Remotes {
+		w.leaders[leadersKey(r.Mesh, r.Cluster)] = len(r.Leaders)
+	}
 	switch {
 	case plan.Leader && w.cancel == nil:
 		ctx, cancel := context.WithCancel(w.ctx)
@@ -135,13 +159,6 @@ func (w *Writer) elect(ctx context.Context) {
 	}
 }
 
-func (w *Writer) now() time.Time {
-	if w.Clock == nil {
-		return clock.RealClock{}.Now()
-	}
-	return w.Clock.Now()
-}
-
 func or(d, def time.Duration) time.Duration {
 	if d > 0 {
 		return d
@@ -173,14 +190,61 @@ func (w *Writer) lead(ctx context.Context) {
 	}
 }
 
-func (w *Writer) writeAll(ctx context.Context) {
-	remotes := map[string]clustermesh.RemoteState{}
-	for _, r := range w.Remotes() {
-		remotes[r.Cluster] = clustermesh.RemoteState{Watched: true, Synced: r.Synced, Ready: r.Ready, Nodes: r.Nodes, Peers: r.Peers, Error: r.Error}
+func leadersKey(mesh, cluster string) string { return mesh + "\x00" + cluster }
+
+// statusSchema is the schema of status in the installed CRD, read once: a
+// CRD that cannot be read (no grant, none installed) gives the fields
+// every ClusterMesh CRD has; an error that may pass (the API server is
+// unreachable) gives them for this pass only.
+func (w *Writer) statusSchema(ctx context.Context) *clustermesh.Schema {
+	w.mu.Lock()
+	s := w.schema
+	w.mu.Unlock()
+	if s != nil {
+		return s
+	}
+	var why string
+	if w.NoCRD {
+		why = "the agent may not get customresourcedefinitions"
+	} else {
+		raw, err := w.Kilo.Get().AbsPath(crdPath).Do(ctx).Raw()
+		switch {
+		case apierrors.IsForbidden(err) || apierrors.IsNotFound(err):
+			why = err.Error()
+		case err != nil:
+			w.Log.Warn("reading the ClusterMesh CRD; writing the fields every ClusterMesh CRD has for now", "error", err)
+			return clustermesh.CommonStatus
+		default:
+			if s, err = clustermesh.StatusSchema(raw); err != nil {
+				why = "the installed CRD: " + err.Error()
+			} else {
+				w.Log.Info("ClusterMesh status: writing the fields the installed CRD keeps", "crd", clustermesh.CRDName,
+					"fields", strings.Join(clustermesh.KeptFields(s), ","))
+			}
+		}
+	}
+	if s == nil {
+		s = clustermesh.CommonStatus
+		w.Log.Warn("ClusterMesh status: cannot read the installed CRD, writing the fields every ClusterMesh CRD has", "reason", why,
+			"fields", strings.Join(clustermesh.KeptFields(s), ","))
 	}
 	w.mu.Lock()
-	rejections := w.rejections
+	w.schema = s
 	w.mu.Unlock()
+	return s
+}
+
+func (w *Writer) writeAll(ctx context.Context) {
+	defer w.passes.Add(1)
+	w.mu.Lock()
+	rejections, leaders := w.rejections, w.leaders
+	w.mu.Unlock()
+	now := kclock.RealClock{}.Now
+	if w.Now != nil {
+		now = w.Now
+	}
+	schema := w.statusSchema(ctx)
+	watched := w.Remotes()
 	for _, m := range w.Meshes() {
 		key := m.Namespace + "/" + m.Name
 		w.mu.Lock()
@@ -189,11 +253,22 @@ func (w *Writer) writeAll(ctx context.Context) {
 		if foreign {
 			continue
 		}
-		st := clustermesh.BuildStatus(m, w.ClusterName, remotes, rejections, w.now())
-		if equality.Semantic.DeepEqual(st, m.Status) {
+		remotes := map[string]clustermesh.RemoteState{}
+		for _, r := range watched {
+			remotes[r.Cluster] = clustermesh.RemoteState{Watched: true, Synced: r.Synced, Ready: r.Ready, Nodes: r.Nodes, Peers: r.Peers,
+				Leaders: leaders[leadersKey(key, r.Cluster)], Error: r.Error}
+		}
+		st, err := clustermesh.ProjectStatus(clustermesh.BuildStatus(m, w.ClusterName, remotes, rejections, now()), schema)
+		if err != nil {
+			w.Log.Error("encoding ClusterMesh status", "clustermesh", key, "error", err)
 			continue
 		}
-		err := w.apply(ctx, m, st)
+		// What the server holds is what it kept of the last write: the same
+		// projection of an unchanged status is equal, and not written.
+		if have, err := clustermesh.ProjectStatus(m.Status, schema); err == nil && reflect.DeepEqual(st, have) {
+			continue
+		}
+		err = w.apply(ctx, m, st)
 		switch {
 		case apierrors.IsConflict(err):
 			w.mu.Lock()
@@ -210,7 +285,7 @@ func (w *Writer) writeAll(ctx context.Context) {
 
 // apply server-side-applies the status without force: fields another
 // manager owns are a conflict, not overwritten.
-func (w *Writer) apply(ctx context.Context, m *clustermesh.ClusterMesh, st clustermesh.ClusterMeshStatus) error {
+func (w *Writer) apply(ctx context.Context, m *clustermesh.ClusterMesh, st map[string]any) error {
 	body, err := json.Marshal(map[string]any{
 		"apiVersion": clustermesh.SchemeGroupVersion.String(), "kind": "ClusterMesh",
 		"metadata": map[string]any{"name": m.Name, "namespace": m.Namespace},

@@ -54,8 +54,11 @@ func TestEachGrantFeedsAFeature(t *testing.T) {
 		"events":               grants.Events,
 		"clustermeshes":        grants.ClusterMesh,
 		"clustermeshes/status": grants.ClusterMeshStatus,
-		"leases":               grants.LeaderElection,
-		"secrets":              "remote clusters",
+		// Without it the status writer writes the fields every ClusterMesh
+		// CRD has.
+		"customresourcedefinitions": grants.ClusterMeshStatusSchema,
+		"leases":                    grants.LeaderElection,
+		"secrets":                   "remote clusters",
 	}
 	type target struct {
 		name  string

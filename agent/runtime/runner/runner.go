@@ -172,7 +172,8 @@ func New(o Options) (*Agent, error) {
 			return nil, err
 		}
 		ms = &meshstatus.Writer{Client: client, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
-			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log, Clock: o.Clock}
+			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log, Now: o.Clock.Now,
+			NoCRD: !o.Grants.On(grants.ClusterMeshStatusSchema)}
 		loop.MeshStatus = ms
 	}
 	loop.Rejections = &events.Sink{Recorder: recorder, UIDs: local.UID, Node: o.Node, Metrics: am, Log: o.Log, Clock: o.Clock}
