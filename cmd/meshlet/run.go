@@ -244,7 +244,7 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		return err
 	}
 	log.Info("meshlet stopped and the node is left: removing what it set up", "why", why)
-	if cerr := agent.Depart(lctx, host, cfg.CleanUpInterface); cerr != nil {
+	if cerr := agent.Depart(lctx, host, mgr, cfg.CleanUpInterface); cerr != nil {
 		log.Error("cleaning up", "error", cerr)
 	}
 	if cfg.CleanUpInterface {
