@@ -314,7 +314,7 @@ func noArgs(c *cobra.Command, args []string) error {
 const (
 	driftInterval       = time.Second
 	driftBackstop       = 30 * time.Second
-	sessionInterval     = 250 * time.Millisecond
+	sessionInterval     = 100 * time.Millisecond
 	sessionFastInterval = 50 * time.Millisecond
 )
 
