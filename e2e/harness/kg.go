@@ -62,7 +62,8 @@ type Kg struct {
 	applies  atomic.Int32
 	mu       sync.Mutex
 	lastErr  error
-	reasons  map[string]int      // why the device was rewritten, by kg's diff
+	reasons  map[string]int // why the device was rewritten, by kg's diff
+	history  []KgRewrite
 	routes   map[string][]string // what this kg set: key → `ip route` args
 	rules    map[string][]string // likewise for `ip rule`
 	pubd     map[string]string   // annotations last published
@@ -266,6 +267,20 @@ func (k *Kg) RewriteReasons() map[string]int {
 	return out
 }
 
+// KgRewrite is one rewrite of the device: when, and what kg's comparison
+// found.
+type KgRewrite struct {
+	At  time.Time
+	Why string
+}
+
+// History lists the rewrites so far, oldest first.
+func (k *Kg) History() []KgRewrite {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]KgRewrite(nil), k.history...)
+}
+
 // Err is the last error of the controller (nil when it applied).
 func (k *Kg) Err() error {
 	k.mu.Lock()
@@ -460,6 +475,7 @@ func (k *Kg) configure(pl topology.Plan, keepalive int) error {
 	k.rewrites.Add(1)
 	k.mu.Lock()
 	k.reasons[why]++
+	k.history = append(k.history, KgRewrite{At: time.Now(), Why: why})
 	k.mu.Unlock()
 	return nil
 }
@@ -670,3 +686,6 @@ func (n *Node) MatchesView(ctx context.Context, pl topology.Plan) error {
 	}
 	return nil
 }
+
+// Node is the name of the node kg runs on.
+func (k *Kg) Node() string { return k.n.Name }

@@ -144,26 +144,42 @@ func (t PingTimeline) LongestGap() time.Duration {
 	return g
 }
 
-// Window is what the ping saw between from and to: the longest time
-// without a reply among the gaps that overlap the window (whole, also when
-// one reaches past it), the requests sent in it and those of them lost. A
-// lost request's send time is interpolated between the replies to its
-// neighbours by sequence number (requests leave at a steady rate).
-func (t PingTimeline) Window(from, to time.Time) (gap time.Duration, sent, lost int) {
+// WindowStats is what a ping saw in a window of time.
+type WindowStats struct {
+	// Gap is the longest time without a reply among the gaps that overlap
+	// the window (whole, also when one reaches past it), GapFrom the reply
+	// it began after.
+	Gap     time.Duration
+	GapFrom time.Time
+	// Sent counts the requests sent in the window, Lost those of them
+	// that got no reply.
+	Sent, Lost int
+}
+
+// Window is what the ping saw between from and to. A lost request's send
+// time is interpolated between the replies to its neighbours by sequence
+// number (requests leave at a steady rate).
+func (t PingTimeline) Window(from, to time.Time) WindowStats {
+	var w WindowStats
+	gap := func(a, b time.Time) {
+		if d := b.Sub(a); d > w.Gap {
+			w.Gap, w.GapFrom = d, a
+		}
+	}
 	prev := t.Started
 	for _, r := range t.Replies {
 		if r.After(from) && prev.Before(to) {
-			gap = max(gap, r.Sub(prev))
+			gap(prev, r)
 		}
 		prev = r
 	}
 	if prev.Before(to) && t.Stopped.After(from) {
-		gap = max(gap, earlier(t.Stopped, to).Sub(later(prev, from)))
+		gap(later(prev, from), earlier(t.Stopped, to))
 	}
 	bySeq := map[int]time.Time{0: t.Started}
 	last := 0
 	for i, s := range t.Seqs {
-		if _, dup := bySeq[s]; !dup || s == 0 {
+		if _, dup := bySeq[s]; !dup {
 			bySeq[s] = t.Replies[i]
 		}
 		last = max(last, s)
@@ -186,10 +202,10 @@ func (t PingTimeline) Window(from, to time.Time) (gap time.Duration, sent, lost 
 		if at.Before(from) || !at.Before(to) {
 			continue
 		}
-		sent++
+		w.Sent++
 		if !ok {
-			lost++
+			w.Lost++
 		}
 	}
-	return gap, sent, lost
+	return w
 }
