@@ -388,8 +388,8 @@ func TestRollingSwitch(t *testing.T) {
 		}
 	}
 	// Each step from its start until it settled: what the switch of one
-	// node costs, with kg's rewrites in that time (they cost what they
-	// cost in any mixed cluster) counted apart.
+	// node costs, and how many of kg's rewrites (which cost what they cost
+	// in any mixed cluster) fell in that time.
 	var took []string
 	for _, st := range steps {
 		var gap time.Duration
