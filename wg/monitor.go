@@ -26,7 +26,7 @@ type WatchOptions struct {
 	Backstop time.Duration
 	// Sessions enables the half-dead session rule for peers with a
 	// SessionProbe: while there are any, their counters are read every
-	// SessionInterval (default 250 ms), every FastInterval (default 50 ms)
+	// SessionInterval (default 100 ms), every FastInterval (default 50 ms)
 	// while one has traffic going unanswered, so a half-dead session is
 	// settled within a second. Probe sends the probe (ICMP echo).
 	Sessions        bool
@@ -52,7 +52,7 @@ func (o WatchOptions) withDefaults() WatchOptions {
 	}
 	o.Interval = min(o.Interval, o.Backstop)
 	if o.SessionInterval <= 0 {
-		o.SessionInterval = 250 * time.Millisecond
+		o.SessionInterval = 100 * time.Millisecond
 	}
 	if o.FastInterval <= 0 || o.FastInterval > o.SessionInterval {
 		o.FastInterval = o.SessionInterval

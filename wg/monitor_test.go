@@ -313,7 +313,7 @@ func TestWatchSessionReads(t *testing.T) {
 	}
 	for i := range 4 {
 		eventually(t, "the watch waiting", clk.HasWaiters)
-		clk.Step(250 * time.Millisecond)
+		clk.Step(100 * time.Millisecond)
 		eventually(t, "a counter read", func() bool { return fc.readCount() == reads+i+1 })
 	}
 	plan.Peers[1].SessionProbe = netip.Addr{}

@@ -248,7 +248,7 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		return err
 	}
 	log.Info("meshlet stopped and the node is left: removing what it set up", "why", why)
-	if cerr := agent.Depart(lctx, host, cfg.CleanUpInterface); cerr != nil {
+	if cerr := agent.Depart(lctx, host, mgr, cfg.CleanUpInterface); cerr != nil {
 		log.Error("cleaning up", "error", cerr)
 	}
 	if cfg.CleanUpInterface {
@@ -318,7 +318,7 @@ func noArgs(c *cobra.Command, args []string) error {
 const (
 	driftInterval       = time.Second
 	driftBackstop       = 30 * time.Second
-	sessionInterval     = 250 * time.Millisecond
+	sessionInterval     = 100 * time.Millisecond
 	sessionFastInterval = 50 * time.Millisecond
 )
 

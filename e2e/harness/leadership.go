@@ -285,3 +285,23 @@ func earlier(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// LeaderSample is one sample of the nodes whose kilo0 was configured as a
+// leader's (up with an address).
+type LeaderSample struct {
+	At      time.Time
+	Leaders []string
+}
+
+// Samples returns the kilo0 samples so far, oldest first: with kg-run
+// nodes among the monitored ones (they report no role history), this is
+// how their leadership is seen.
+func (m *LeadershipMonitor) Samples() []LeaderSample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]LeaderSample, len(m.samples))
+	for i, s := range m.samples {
+		out[i] = LeaderSample{At: s.at, Leaders: append([]string(nil), s.leaders...)}
+	}
+	return out
+}

@@ -42,6 +42,11 @@ type NodeSpec struct {
 	Behind *Router
 	// ExtraArgs are added to meshlet's command line.
 	ExtraArgs []string
+	// DropIn runs meshlet as the image in kg's DaemonSet does
+	// (docs/dropin.md): kg's command line without a command, kg's defaults
+	// (--clean-up=true among them) and kg's key file (KgKeyFile); --cni=false,
+	// as the harness' nodes have no CNI.
+	DropIn bool
 }
 
 // Node is a network namespace with its own /run/wireguard, a pod address
@@ -62,6 +67,7 @@ type Node struct {
 	mu    sync.Mutex
 	agent *exec.Cmd
 	done  chan struct{}
+	kg    *Kg // kg-shape (RunKg), nil when kg does not run
 }
 
 // AddNode creates the node's namespace, underlay, pod address and Node
@@ -141,6 +147,29 @@ func (n *Node) Exec(ctx context.Context, args ...string) (string, error) {
 // Args is meshlet's command line for this node.
 func (n *Node) Args() []string {
 	c := n.Cluster
+	if n.DropIn {
+		args := []string{
+			// kg's flags, as Kilo's manifests pass them.
+			"--hostname=" + n.Name,
+			"--kubeconfig=" + c.AgentKubeconfig,
+			"--subnet=" + c.WGSubnet.String(),
+			"--internal-cidr=" + n.IP.String(),
+			"--encapsulate=never",
+			"--local=true",
+			"--mesh-granularity=location",
+			"--listen=" + MetricsAddr,
+			"--resync-period=" + n.env.opts.ResyncPeriod.String(),
+			"--log-level=" + n.env.opts.LogLevel,
+			"--cni=false",
+			"--key-file=" + n.KgKeyFile(),
+			// meshlet's own.
+			"--wireguard=userspace",
+			"--namespace=" + Namespace,
+			"--cluster-name=" + c.Name,
+		}
+		args = append(args, c.ExtraArgs...)
+		return append(args, n.ExtraArgs...)
+	}
 	args := []string{"run",
 		"--wireguard=userspace",
 		"--hostname=" + n.Name,
@@ -177,6 +206,9 @@ func (n *Node) start() error {
 	defer n.mu.Unlock()
 	if n.agent != nil {
 		return fmt.Errorf("node %s: meshlet already running", n.Name)
+	}
+	if n.kg != nil {
+		return fmt.Errorf("node %s: kg runs there; kg and meshlet both own kilo0", n.Name)
 	}
 	log, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -239,6 +271,7 @@ func (n *Node) Stop(sig syscall.Signal) error {
 // like a node that lost power: its last-seen is no longer refreshed.
 func (n *Node) PowerOff() {
 	_ = n.Stop(syscall.SIGKILL)
+	_ = n.StopKg(false)
 	for _, p := range nsPIDs(context.Background(), n.NS) {
 		if p != os.Getpid() {
 			_ = syscall.Kill(p, syscall.SIGKILL)

@@ -75,10 +75,12 @@ func (p *Pinger) Stop() PingTimeline {
 	<-p.done
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	t := PingTimeline{Started: p.started, Stopped: time.Now(), Replies: make([]time.Time, len(p.replies))}
+	t := PingTimeline{Started: p.started, Stopped: time.Now(), Replies: make([]time.Time, len(p.replies)),
+		Seqs: make([]int, len(p.replies))}
 	seen := map[int]bool{}
 	for i, r := range p.replies {
 		t.Replies[i] = r.at
+		t.Seqs[i] = r.seq
 		seen[r.seq] = true
 	}
 	// Requests up to the last answered one that got no answer.
@@ -102,6 +104,8 @@ func (p *Pinger) Replied(after time.Time) bool {
 type PingTimeline struct {
 	Started, Stopped time.Time
 	Replies          []time.Time
+	// Seqs are the replies' sequence numbers (Replies[i] answered Seqs[i]).
+	Seqs []int
 	// Sent counts requests up to the last answered one, Lost those of them
 	// that got no reply.
 	Sent, Lost int
@@ -138,4 +142,70 @@ func (t PingTimeline) LongestGap() time.Duration {
 		prev = r
 	}
 	return g
+}
+
+// WindowStats is what a ping saw in a window of time.
+type WindowStats struct {
+	// Gap is the longest time without a reply among the gaps that overlap
+	// the window (whole, also when one reaches past it), GapFrom the reply
+	// it began after.
+	Gap     time.Duration
+	GapFrom time.Time
+	// Sent counts the requests sent in the window, Lost those of them
+	// that got no reply.
+	Sent, Lost int
+}
+
+// Window is what the ping saw between from and to. A lost request's send
+// time is interpolated between the replies to its neighbours by sequence
+// number (requests leave at a steady rate).
+func (t PingTimeline) Window(from, to time.Time) WindowStats {
+	var w WindowStats
+	gap := func(a, b time.Time) {
+		if d := b.Sub(a); d > w.Gap {
+			w.Gap, w.GapFrom = d, a
+		}
+	}
+	prev := t.Started
+	for _, r := range t.Replies {
+		if r.After(from) && prev.Before(to) {
+			gap(prev, r)
+		}
+		prev = r
+	}
+	if prev.Before(to) && t.Stopped.After(from) {
+		gap(later(prev, from), earlier(t.Stopped, to))
+	}
+	bySeq := map[int]time.Time{0: t.Started}
+	last := 0
+	for i, s := range t.Seqs {
+		if _, dup := bySeq[s]; !dup {
+			bySeq[s] = t.Replies[i]
+		}
+		last = max(last, s)
+	}
+	prevSeq := 0
+	for s := 1; s <= last; s++ {
+		at, ok := bySeq[s]
+		if ok {
+			prevSeq = s
+		} else {
+			next := s + 1
+			for ; next <= last; next++ {
+				if _, ok := bySeq[next]; ok {
+					break
+				}
+			}
+			a, b := bySeq[prevSeq], bySeq[next]
+			at = a.Add(time.Duration(float64(b.Sub(a)) * float64(s-prevSeq) / float64(next-prevSeq)))
+		}
+		if at.Before(from) || !at.Before(to) {
+			continue
+		}
+		w.Sent++
+		if !ok {
+			w.Lost++
+		}
+	}
+	return w
 }

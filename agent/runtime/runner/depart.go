@@ -131,11 +131,26 @@ type Cleaner interface {
 	Cleanup(ctx context.Context, opts netlinkx.CleanupOptions) error
 }
 
+// Forgetter readies the WireGuard device for kg before the agent leaves
+// (*wg.Manager is one: ForgetLearnedEndpoints).
+type Forgetter interface {
+	ForgetLearnedEndpoints(ctx context.Context) ([]string, error)
+}
+
 // Depart removes what the agent set up on a node that is left: its routes,
 // rules and chains (and the WireGuard interface with deleteInterface), and
-// its annotations, meshlet's leader mark among them.
-func (a *Agent) Depart(ctx context.Context, host Cleaner, deleteInterface bool) error {
+// its annotations, meshlet's leader mark among them. A device that stays
+// (dev not nil) is first left as kg configures it where meshlet differs on
+// purpose — roaming peers without the endpoints they taught it — so that kg,
+// when it takes the node over (the way back), finds nothing to rewrite and
+// keeps the sessions of the other peers (docs/dropin.md#the-way-back).
+func (a *Agent) Depart(ctx context.Context, host Cleaner, dev Forgetter, deleteInterface bool) error {
 	var errs []error
+	if dev != nil && !deleteInterface {
+		if _, err := dev.ForgetLearnedEndpoints(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := host.Cleanup(ctx, netlinkx.CleanupOptions{Interface: a.opts.Config.Interface, DeleteInterface: deleteInterface}); err != nil {
 		errs = append(errs, err)
 	}

@@ -20,6 +20,13 @@ import (
 
 type recordingCleaner struct{ opts []netlinkx.CleanupOptions }
 
+type recordingForgetter struct{ calls int }
+
+func (f *recordingForgetter) ForgetLearnedEndpoints(context.Context) ([]string, error) {
+	f.calls++
+	return nil, nil
+}
+
 func (c *recordingCleaner) Cleanup(_ context.Context, o netlinkx.CleanupOptions) error {
 	c.opts = append(c.opts, o)
 	return nil
@@ -146,12 +153,15 @@ subjects: [{kind: ServiceAccount, name: meshlet, namespace: kilo-system}]
 			topology.AnnotationTunnels: "up", topology.AnnotationLocation: "x"}
 		patchAnnotations(t, admin, "a-1", mark)
 		a := startedAgent(t, ctx, sa)
-		c := &recordingCleaner{}
-		if err := a.Depart(ctx, c, true); err != nil {
+		c, f := &recordingCleaner{}, &recordingForgetter{}
+		if err := a.Depart(ctx, c, f, true); err != nil {
 			t.Fatal(err)
 		}
 		if len(c.opts) != 1 || !c.opts[0].DeleteInterface {
 			t.Errorf("cleanup %+v", c.opts)
+		}
+		if f.calls != 0 {
+			t.Errorf("the device readied for kg %d times while deleting it", f.calls)
 		}
 		n, err := admin.CoreV1().Nodes().Get(ctx, "a-1", metav1.GetOptions{})
 		if err != nil {
@@ -168,8 +178,13 @@ subjects: [{kind: ServiceAccount, name: meshlet, namespace: kilo-system}]
 		// A user's leader annotation stays.
 		patchAnnotations(t, admin, "a-1", map[string]string{topology.AnnotationLeader: "true"})
 		a = startedAgent(t, ctx, sa)
-		if err := a.Depart(ctx, c, false); err != nil {
+		if err := a.Depart(ctx, c, f, false); err != nil {
 			t.Fatal(err)
+		}
+		// The device stays for kg: readied for it once (what that does:
+		// wg.TestForgetLearnedEndpoints).
+		if f.calls != 1 {
+			t.Errorf("the device readied for kg %d times, want once", f.calls)
 		}
 		n, _ = admin.CoreV1().Nodes().Get(ctx, "a-1", metav1.GetOptions{})
 		if n.Annotations[topology.AnnotationLeader] != "true" {
