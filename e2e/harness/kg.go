@@ -21,6 +21,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/wg"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"k8s.io/utils/clock"
 )
 
 // Kg is a stand-in for kg 0.7 running a harness node ("kg-shape"), for
@@ -590,7 +591,7 @@ func (k *Kg) setRoutes(ctx context.Context, pl topology.Plan) error {
 // rules (the planner, with no Lease) on the cluster's state as the API has
 // it now, the node's key as published.
 func (c *Cluster) KgctlView(ctx context.Context, nodes ...*Node) (map[string]topology.Plan, error) {
-	rc, err := cluster.ReadCluster(ctx, c.RestConfig(), Namespace, false)
+	rc, err := cluster.ReadCluster(ctx, clock.RealClock{}, c.RestConfig(), Namespace, false)
 	if err != nil {
 		return nil, err
 	}
