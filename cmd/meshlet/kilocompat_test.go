@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/netlinkx"
 )
@@ -131,11 +132,19 @@ const kiloNAT = "KILO-NAT"
 // meshlet's chain named as Kilo's: POSTROUTING jumps for traffic from
 // NAT.Sources and to NAT.Destinations; in the chain, RETURN for each of
 // NAT.Exceptions, then MASQUERADE; per family, and the chain only where
-// something jumps to it. meshlet plans no FORWARD rules (Kilo's --cni=true
-// --iptables-forward-rules): a case whose Kilo output has them needs them
-// in the plan, and here, first.
-func natRules(nat topology.NAT) []string {
+// something jumps to it. Plan.Forward (Kilo's --cni=true
+// --iptables-forward-rules) is netlinkx's MESHLET-FORWARD chain, jumped to
+// first from FORWARD: read as Kilo's rules in FORWARD, an ACCEPT from and
+// one to each prefix.
+func natRules(nat topology.NAT, forward ...netip.Prefix) []string {
 	rules := []string{}
+	for _, p := range forward {
+		fam := "v4"
+		if !p.Addr().Is4() {
+			fam = "v6"
+		}
+		rules = append(rules, fam+" filter FORWARD -s "+p.Masked().String()+" -j ACCEPT", fam+" filter FORWARD -d "+p.Masked().String()+" -j ACCEPT")
+	}
 	for _, f := range []struct {
 		name string
 		is4  bool
@@ -225,7 +234,7 @@ func toCompat(pl topology.Plan) compatPlan {
 	for _, r := range pl.Rules {
 		c.Rules = append(c.Rules, compatRule{Iif: r.Iif, Src: addrString(r.Src, r.Src.IsValid()), Dst: addrString(r.Dst, r.Dst.IsValid()), Table: r.Table})
 	}
-	c.IPTables = natRules(pl.NAT)
+	c.IPTables = natRules(pl.NAT, pl.Forward...)
 	c.canonical()
 	return c
 }
@@ -396,7 +405,7 @@ func TestKiloCompat(t *testing.T) {
 			peerKeepaliveDeviation(t, c, pl.Plan, &got)
 			if c.Deviation == "" {
 				if !reflect.DeepEqual(got, c.Kilo) {
-					t.Fatalf("meshlet differs from Kilo 0.7\nmeshlet: %s\nkilo:    %s", mustJSON(got), mustJSON(c.Kilo))
+					t.Fatalf("meshlet differs from Kilo 0.7 (-kilo +meshlet):\n%s", cmp.Diff(c.Kilo, got))
 				}
 				return
 			}

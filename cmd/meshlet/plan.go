@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -94,6 +95,7 @@ func newPlanCmd() *cobra.Command {
 	fs.Var(f.remotes, "remote", "a remote cluster's dump, CLUSTER=FILE (repeatable)")
 	fs.StringVarP(&f.output, "output", "o", "text", "output: json, yaml or text")
 	f.cfg.RegisterTopology(fs)
+	f.cfg.CNIPath = config.DefaultCNIPath // not read: the plan takes the pod CIDR as the conflist's range (printed as assumed)
 	fs.StringVar(&f.iface, "private-interface", "eth0", "this node's underlay interface (it holds the default route)")
 	fs.StringVar(&f.cilium, "cilium-host-ip", "", "this node's cilium_host address (default: its cni-compatibility-ip annotation)")
 	fs.StringVar(&f.tunnel, "tunnel-device", "", `IPIP device present on the node: cilium_tunl, tunl0 or "" (none yet)`)
@@ -227,7 +229,10 @@ func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, po
 	var assumed []string
 	self.PublicKey, self.CiliumHostIP, self.Version = n.PublicKey, n.CNICompatibilityIP, n.MeshletVersion
 	if n.PublicKey.IsZero() {
-		assumed = append(assumed, "no WireGuard key: the dump has none valid for the node, so it is not Ready (its agent would use its own key)")
+		// The node's agent has its own key, publishes it and plans with it,
+		// as kg does (docs/kilo-compatibility.md#own-address).
+		self.PublicKey = standInKey(name)
+		assumed = append(assumed, "WireGuard key "+self.PublicKey.String()+": a stand-in, the dump has none valid for the node (its agent publishes and plans with its own)")
 	}
 	for _, a := range []netip.Prefix{n.InternalIP, set.PrivateIP} {
 		if a.IsValid() && !slices.ContainsFunc(self.Addresses, func(h topology.HostAddress) bool { return h.Prefix == a }) {
@@ -348,4 +353,10 @@ func joinPrefixes(ps []netip.Prefix) string {
 		s[i] = p.String()
 	}
 	return strings.Join(s, ",")
+}
+
+// standInKey is a public key for a node whose dump has none valid: derived
+// from its name, so a plan is reproducible.
+func standInKey(name string) topology.Key {
+	return topology.Key(sha256.Sum256([]byte("meshlet plan: stand-in key of " + name)))
 }

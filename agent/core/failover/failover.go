@@ -274,6 +274,7 @@ func Decide(in Input) Decision {
 		// The agent watches another Lease (this node's location just
 		// changed): nothing is known of this one yet.
 		lease = &topology.LeaseState{Name: l.Lease, Exists: true}
+		l.Holder = ""
 	}
 	nodes := make([]topology.Node, len(seg.Nodes))
 	for i, n := range seg.Nodes {
@@ -359,7 +360,7 @@ func Decide(in Input) Decision {
 		}
 	}
 	if l.Candidate {
-		l.Wait = candidateWait(in, l.Candidates)
+		l.Wait = candidateWait(in, lease, l.Candidates)
 	}
 	d.Veto = (otherHolds || giveUp) && kiloSelf
 	return d
@@ -371,18 +372,18 @@ func Decide(in Input) Decision {
 // it up or stopped renewing — and while no Lease exists, StartupGrace per
 // node ahead of it that has not published its annotations yet (its agent
 // is starting).
-func candidateWait(in Input, candidates []string) time.Duration {
+func candidateWait(in Input, lease *topology.LeaseState, candidates []string) time.Duration {
 	rank := 0
 	for _, c := range candidates {
 		if c == in.Self {
 			break
 		}
-		if c != in.Lease.Holder {
+		if c != lease.Holder {
 			rank++
 		}
 	}
 	wait := time.Duration(rank) * RankStagger
-	if in.Lease.Exists || topology.IsPublicEndpoint(in.Endpoint) {
+	if lease.Exists || topology.IsPublicEndpoint(in.Endpoint) {
 		return wait
 	}
 	set := topology.Defaults(in.Settings)

@@ -138,7 +138,9 @@ func DecideHost(self Self, set Settings, published *Node) Host {
 		priv = pinned(published.InternalIP)
 	case set.PrivateIP.IsValid():
 		priv = pinned(set.PrivateIP)
-		if !ok {
+		if !ok || pub.Prefix == discovered.Prefix {
+			// No public IP: the endpoint falls back to the private IP, the
+			// one set.
 			pub, ok = priv, true
 		}
 	}

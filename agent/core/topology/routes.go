@@ -271,7 +271,10 @@ func NATFor(l Local, peers []Peer, remotes []Remote, set Settings) NAT {
 		if s.WireGuardIP.IsValid() {
 			ex = append(ex, host(s.WireGuardIP))
 		}
-		ex = append(ex, s.AllowedIPs()...)
+		// Kilo's KILO-NAT returns for a segment's pod subnets and private
+		// and WireGuard IPs, never for its allowed-location-ips: traffic
+		// to those networks (which know no route back) is masqueraded.
+		ex = append(ex, s.AllowedIPs()[:len(s.AllowedIPs())-len(s.AllowedLocationIPs)]...)
 		if s == l.SelfSegment {
 			nat.Destinations = append(nat.Destinations, s.AllowedLocationIPs...)
 		}

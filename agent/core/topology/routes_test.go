@@ -198,10 +198,10 @@ func TestNATFor(t *testing.T) {
 		{name: "Kilo as the CNI on a node not Ready: no pod subnet to masquerade",
 			l: twoLocationsSeen(""), set: Settings{CNI: true},
 			want: NAT{Sources: []netip.Prefix{}, Destinations: []netip.Prefix{}, Exceptions: segments}},
-		{name: "to this location's allowed-location-ips (only)",
+		{name: "to this location's allowed-location-ips (only), never excepted (Kilo masquerades traffic to any location's)",
 			l: withALIPs("b-2"),
 			want: NAT{Sources: []netip.Prefix{}, Destinations: pfxs("192.168.50.0/24"), Exceptions: pfxs("10.0.1.1/32", "10.0.1.2/32", "10.0.2.1/32", "10.0.2.2/32", "10.4.0.1/32", "10.4.0.2/32",
-				"10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24", "192.168.40.0/24", "192.168.50.0/24")}},
+				"10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24", "10.244.4.0/24")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			check(t, "NAT", NATFor(tc.l, tc.peers, tc.remotes, Defaults(tc.set)), tc.want)

@@ -184,11 +184,14 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.HealthProbeInterval, "health-probe-interval", time.Second, "how often leaders probe their tunnels to the other leaders and nodes their underlay gateway (0: never, and no step-aside for health)")
 }
 
+// DefaultCNIPath is kg's --cni-path.
+const DefaultCNIPath = "/etc/cni/net.d/10-kilo.conflist"
+
 // RegisterKg registers the rest of kg's agent flags (kg 0.7's command
 // line; docs/dropin.md#flags), with meshlet run's defaults.
 func (c *Config) RegisterKg(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Backend, "backend", "kubernetes", "the backend for the mesh (kg's): kubernetes")
-	fs.StringVar(&c.CNIPath, "cni-path", "/etc/cni/net.d/10-kilo.conflist", "the CNI configuration list --cni manages")
+	fs.StringVar(&c.CNIPath, "cni-path", DefaultCNIPath, "the CNI configuration list --cni manages")
 	fs.BoolVar(&c.CleanUp, "clean-up", false, "on exit, remove the routes, rules, chains and annotations meshlet set up when the node is left (uninstall), not when a new agent follows (rolling update)")
 	fs.BoolVar(&c.CleanUpInterface, "clean-up-interface", false, "with --clean-up, also delete the WireGuard interface when the node is left")
 	fs.BoolVar(&c.CreateInterface, "create-interface", true, "create the WireGuard interface (false: another process runs it, e.g. wireguard-go in a sidecar)")
