@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -169,8 +170,10 @@ func processRSSMiB() float64 {
 	b, _ := os.ReadFile("/proc/self/status")
 	for _, l := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(l); len(f) > 1 && f[0] == "VmRSS:" {
-			var kb float64
-			fmt.Sscan(f[1], &kb)
+			kb, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				return 0
+			}
 			return kb / 1024
 		}
 	}
