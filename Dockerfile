@@ -26,8 +26,17 @@ RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 GOOS=linux GOARCH=${TARGETARCH} go build -trimpath -buildvcs=false \
         -ldflags "-s -w -buildid= -X main.version=${VERSION} -X main.commit=${COMMIT} -X main.date=${BUILD_DATE}" -o /out/meshlet ./cmd/meshlet
+# The CNI plugins Kilo's install-cni init container copies from the kilo
+# image's /opt/cni/bin (kg's default --cni=true), pinned in hack/tools/cni.
+RUN cd hack/tools/cni && CGO_ENABLED=0 GOOS=linux GOARCH=${TARGETARCH} go build -trimpath -ldflags "-s -w -buildid=" -o /out/cni/ \
+        github.com/containernetworking/plugins/plugins/main/bridge \
+        github.com/containernetworking/plugins/plugins/ipam/host-local \
+        github.com/containernetworking/plugins/plugins/main/loopback \
+        github.com/containernetworking/plugins/plugins/meta/portmap
 
-# Stage 2: the Debian rootfs (iptables with both backends, ca-certificates),
+# Stage 2: the Debian rootfs (iptables with both backends, ca-certificates,
+# and the shell and tools Kilo's manifests' init containers run in the kilo
+# image: dash, coreutils, sed),
 # unpacked by mmdebstrap for the target's architecture without emulation.
 # Not distroless/static: go-iptables executes the iptables binaries.
 FROM --platform=$BUILDPLATFORM debian:bookworm AS rootfs
@@ -41,6 +50,7 @@ RUN /build/rootfs.sh "${TARGETARCH}" /rootfs.tar && mkdir /rootfs && tar -xf /ro
 FROM scratch
 COPY --from=rootfs /rootfs/ /
 COPY --from=build /out/meshlet /usr/local/bin/meshlet
+COPY --from=build /out/cni/ /opt/cni/bin/
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # Runs as root: configuring kilo0, routes, rules and iptables in the host's
 # network namespace needs CAP_NET_ADMIN (and CAP_NET_RAW for iptables-legacy)
@@ -49,7 +59,8 @@ ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # because writing sysctls (ip_forward, rp_filter) needs a writable /proc/sys,
 # with a read-only root filesystem (see manifests/base/daemonset.yaml).
 USER 0:0
-# Not a shell (there is none): meshlet itself picks the host's iptables
-# backend at start (--iptables-backend=auto).
+# meshlet itself, as kg is kg's: Kilo's manifests give the kilo container
+# kg's flags and no command, and meshlet runs them as kg's (docs/dropin.md).
+# It picks the host's iptables backend at start (--iptables-backend=auto).
 ENTRYPOINT ["/usr/local/bin/meshlet"]
 CMD ["run"]

@@ -60,7 +60,23 @@ for arch in $ARCHES; do
 		fi
 		exec {lockfd}>&-
 	fi
-	args+=(--platform "linux/$arch=$rootfs,$work/meshlet-$arch")
+	# Kilo's install-cni init container copies the CNI plugins from the
+	# kilo image's /opt/cni/bin to the host (kg's default --cni=true):
+	# bridge, host-local, loopback, portmap (hack/tools/cni, pinned),
+	# appended to a copy of the cached rootfs.
+	t=$SECONDS
+	mkdir -p "$work/cni-$arch/opt/cni/bin"
+	(cd "$here/../tools/cni" && CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath -ldflags "-s -w -buildid=" \
+		-o "$work/cni-$arch/opt/cni/bin/" \
+		github.com/containernetworking/plugins/plugins/main/bridge \
+		github.com/containernetworking/plugins/plugins/ipam/host-local \
+		github.com/containernetworking/plugins/plugins/main/loopback \
+		github.com/containernetworking/plugins/plugins/meta/portmap)
+	cp "$rootfs" "$work/rootfs-$arch.tar"
+	tar --append -f "$work/rootfs-$arch.tar" -C "$work/cni-$arch" --sort=name --owner=0 --group=0 --numeric-owner \
+		--mtime="@$SOURCE_DATE_EPOCH" --mode=go-w ./opt
+	echo "image: CNI plugins linux/$arch built in $((SECONDS - t))s" >&2
+	args+=(--platform "linux/$arch=$work/rootfs-$arch.tar,$work/meshlet-$arch")
 	if [ -n "${BIN_OUT:-}" ]; then
 		mkdir -p "$BIN_OUT"
 		cp "$work/meshlet-$arch" "$BIN_OUT/meshlet-$arch"
@@ -73,9 +89,18 @@ done
 host_arch=$(go env GOARCH)
 if [ "$(id -u)" = 0 ] && [[ " $ARCHES " == *" $host_arch "* ]]; then
 	mkdir "$work/smoke"
-	tar -xf "$cache_root/image-rootfs-$host_arch-$rootfs_key.tar" -C "$work/smoke"
+	tar -xf "$work/rootfs-$host_arch.tar" -C "$work/smoke"
 	install -D -m 0755 "$work/meshlet-$host_arch" "$work/smoke/usr/local/bin/meshlet"
 	chroot "$work/smoke" /usr/local/bin/meshlet version >&2
+	# What Kilo's manifests' init containers run in the kilo image
+	# (install-cni: sh, cp, echo, rm, mv; k3s's generate-kubeconfig: cat,
+	# sed), and the CNI plugins they copy.
+	chroot "$work/smoke" /bin/sh -c 'for t in cp echo rm mv cat sed; do command -v $t || exit 1; done' >/dev/null ||
+		{ echo "image: the rootfs lacks a tool Kilo's init containers run" >&2; exit 1; }
+	for p in bridge host-local loopback portmap; do
+		chroot "$work/smoke" /usr/bin/env CNI_COMMAND=VERSION /opt/cni/bin/$p </dev/null >/dev/null ||
+			{ echo "image: /opt/cni/bin/$p does not run" >&2; exit 1; }
+	done
 	chroot "$work/smoke" /usr/lib/meshlet/xtables/nft/iptables --version >&2
 	chroot "$work/smoke" /usr/lib/meshlet/xtables/legacy/ip6tables-save --version >&2
 	rm -rf "$work/smoke"

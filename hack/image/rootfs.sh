@@ -22,7 +22,7 @@ command -v mmdebstrap >/dev/null || { echo "rootfs.sh: mmdebstrap missing (apt-g
 # ./dev is left out: the container runtime provides /dev, and device nodes
 # in a layer need CAP_MKNOD wherever the layer is unpacked.
 mmdebstrap --quiet --variant=extract --architectures="$arch" \
-	--include=iptables,ca-certificates \
+	--include=iptables,ca-certificates,dash,coreutils,sed \
 	--skip=output/dev \
 	--extract-hook="$here/customize.sh \"\$1\" $arch" \
 	"$suite" "$out" "$mirror"
