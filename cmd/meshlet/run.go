@@ -202,7 +202,8 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	// Someone editing kilo0's peers (`wg set ... peer X remove`) raises no
 	// netlink event: the userspace device meshlet hosts reports it on its
 	// change feed, other devices are read periodically (wg.Manager.Watch,
-	// README "Scale"). The same reads watch the sessions to kg-run peers.
+	// docs/performance.md#drift-how-it-is-found-and-its-bound). The same
+	// reads watch the sessions to kg-run peers.
 	drift := mgr.Watch(ctx, wg.WatchOptions{
 		Interval: driftInterval, Backstop: driftBackstop, SessionInterval: sessionInterval, FastInterval: sessionFastInterval,
 		Sessions: cfg.RepairSessions, Probe: sessionProbe, Clock: clk,
