@@ -26,6 +26,7 @@ func TestAgentWritesWhereItMay(t *testing.T) {
 		{"chart defaults", decode(t, helm(t, "template", "meshlet", "chart", "--namespace", ns, "--skip-tests"))},
 		{"chart kgKey", decode(t, helm(t, "template", "meshlet", "chart", "--namespace", ns, "--skip-tests", "--set", "kgKey=true"))},
 		{"chart sidecar", decode(t, helm(t, "template", "meshlet", "chart", "--namespace", ns, "--skip-tests", "--set", "wireguard.sidecar=true"))},
+		{"chart privileged=false", decode(t, helm(t, "template", "meshlet", "chart", "--namespace", ns, "--skip-tests", "--set", "privileged=false"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ds := find(tc.objs, "DaemonSet", "meshlet")
