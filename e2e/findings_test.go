@@ -194,6 +194,24 @@ func TestFindings(t *testing.T) {
 		gone(t, "a-y2")
 	})
 
+	t.Run("behind NAT without keepalive", func(t *testing.T) {
+		// A location n behind a NAT router, advertising its LAN address
+		// (all it has) and no persistent-keepalive. Its handshakes (its
+		// health probes as n's leader) reach a-x1 from the router's WAN
+		// address, which a-x1's device learns.
+		r, err := env.AddRouter(ctx, "r1")
+		must(t, err)
+		n, err := a.AddNode(ctx, harness.NodeSpec{Name: "a-n1", Location: "n", Behind: r})
+		must(t, err)
+		start := time.Now()
+		must(t, n.Start(ctx))
+		took, f := await(t, start, diagnose.IDNATNoKeepalive, "node a-n1", nil)
+		report(t, "%s on a-n1 detected in %s from its start: %s", diagnose.IDNATNoKeepalive, took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
+		n.PowerOff()
+		must(t, a.DeleteNode(ctx, n.Name))
+		gone(t, "a-n1")
+	})
+
 	t.Run("inbound UDP 51820 dropped", func(t *testing.T) {
 		// A new location z whose node's firewall drops inbound WireGuard
 		// from the start; the leaders' health probes send the handshakes.

@@ -97,7 +97,7 @@ func NodeFindings(f NodeFacts) []Finding {
 			fs = append(fs, x)
 		}
 	}
-	for _, x := range DuplicateKeys(f.Snapshot) {
+	for _, x := range duplicateKeys(f.Snapshot) {
 		if slices.Contains(x.nodes, f.Node) {
 			fs = append(fs, x.Finding)
 		}
@@ -171,10 +171,10 @@ type keyFinding struct {
 	nodes []string
 }
 
-// DuplicateKeys: nodes of the local and remote clusters that publish one
+// duplicateKeys: nodes of the local and remote clusters that publish one
 // public key. WireGuard tells peers apart by key alone, so at most one of
 // them is meshed.
-func DuplicateKeys(snap topology.Snapshot) []keyFinding {
+func duplicateKeys(snap topology.Snapshot) []keyFinding {
 	byKey := map[topology.Key][]string{}
 	add := func(cluster string, nodes []topology.Node) {
 		for _, n := range nodes {
@@ -357,7 +357,7 @@ func checkFindings(in Input, add func(Finding)) {
 	for _, f := range LocationFindings(in.Snapshot.Nodes, in.Snapshot.Settings) {
 		once(f)
 	}
-	for _, f := range DuplicateKeys(in.Snapshot) {
+	for _, f := range duplicateKeys(in.Snapshot) {
 		once(f.Finding)
 	}
 	names := make([]string, 0, len(in.Agents))
@@ -371,15 +371,4 @@ func checkFindings(in Input, add func(Finding)) {
 		}
 	}
 	crossAgent(in, once)
-}
-
-// IDs lists the IDs of findings.
-func IDs(fs []Finding) []string {
-	var out []string
-	for _, f := range fs {
-		if f.ID != "" {
-			out = append(out, f.ID)
-		}
-	}
-	return out
 }

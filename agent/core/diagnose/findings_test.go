@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
@@ -138,7 +137,7 @@ func TestCheckFindings(t *testing.T) {
 		}, want: []string{IDLocationLabel + " node b1"}},
 		{name: "cloned key, from the API and from both agents: once", change: func(in *Input) {
 			in.Snapshot.Nodes[1].PublicKey = in.Snapshot.Nodes[0].PublicKey
-			f := DuplicateKeys(in.Snapshot)[0].Finding
+			f := duplicateKeys(in.Snapshot)[0].Finding
 			in.Agents = map[string]Agent{"a1": {Findings: []Finding{f}}, "b1": {Findings: []Finding{f}}}
 		}, want: []string{IDDuplicateKey + " nodes a1, b1"}},
 		{name: "behind NAT without keepalive", change: func(in *Input) {
@@ -180,5 +179,4 @@ func TestCheckFindings(t *testing.T) {
 			}
 		})
 	}
-	_ = time.Second
 }
