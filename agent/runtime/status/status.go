@@ -194,16 +194,18 @@ func Print(w io.Writer, s Status) error {
 	if len(s.Findings) > 0 {
 		fmt.Fprintln(tw, "\nFINDINGS (faults proven on this node; meshlet diagnose shows them too)")
 		for _, f := range s.Findings {
+			fmt.Fprintf(tw, "%s ", strings.ToUpper(string(f.Severity)))
 			WriteFinding(tw, f)
 		}
 	}
 	return tw.Flush()
 }
 
-// WriteFinding writes one named finding: what, the evidence, the fix and
-// its runbook entry (`meshlet status`, `meshlet diagnose`).
+// WriteFinding writes one named finding after its severity: what, the
+// evidence, the fix and its runbook entry (`meshlet status`, `meshlet
+// diagnose`).
 func WriteFinding(w io.Writer, f diagnose.Finding) {
-	fmt.Fprintf(w, "%s %s [%s]: %s\n", strings.ToUpper(string(f.Severity)), f.Subject, f.ID, f.Message)
+	fmt.Fprintf(w, "%s [%s]: %s\n", f.Subject, f.ID, f.Message)
 	for _, e := range f.Evidence {
 		fmt.Fprintf(w, "    evidence: %s\n", e)
 	}
