@@ -372,3 +372,14 @@ func checkFindings(in Input, add func(Finding)) {
 	}
 	crossAgent(in, once)
 }
+
+// IDs lists the IDs of the named findings among fs.
+func IDs(fs []Finding) []string {
+	var out []string
+	for _, f := range fs {
+		if f.ID != "" {
+			out = append(out, f.ID)
+		}
+	}
+	return out
+}

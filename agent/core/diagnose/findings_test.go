@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -176,6 +177,34 @@ func TestCheckFindings(t *testing.T) {
 			}
 			if len(tc.want) > 0 && Errors(fs) == 0 {
 				t.Errorf("no error: diagnose would exit 0")
+			}
+		})
+	}
+}
+
+// TestCiliumTunlFromPlanner: the finding follows the planner's tunnel
+// choice for a node of a two-node location on Cilium's flags.
+func TestCiliumTunlFromPlanner(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		tunnel      string
+		encapsulate topology.Encapsulate
+		want        bool
+	}{
+		{name: "no cilium_tunl, encapsulated", encapsulate: topology.EncapsulateAlways, want: true},
+		{name: "cilium_tunl, encapsulated", tunnel: topology.TunnelCilium, encapsulate: topology.EncapsulateAlways},
+		{name: "no cilium_tunl, never encapsulated", encapsulate: topology.EncapsulateNever},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			set := topology.Settings{Compatibility: topology.CompatibilityCilium, Encapsulate: tc.encapsulate, Local: true}
+			snap := topology.Snapshot{Now: now, Settings: set, Nodes: []topology.Node{node("c1", "c", 1, "v1"), node("c2", "c", 2, "v1")}}
+			for _, n := range snap.Nodes {
+				self := n.Name
+				plan := planner.Compute(snap, topology.Self{Name: self, PublicKey: n.PublicKey, TunnelDevice: tc.tunnel})
+				got := slices.Contains(IDs(NodeFindings(NodeFacts{Node: self, Settings: set, Snapshot: snap, Plan: plan})), IDCiliumTunl)
+				if got != tc.want {
+					t.Errorf("%s: %s reported %v, want %v (planned tunnel %+v)", self, IDCiliumTunl, got, tc.want, plan.Tunnel)
+				}
 			}
 		})
 	}
