@@ -218,7 +218,7 @@ func TestFindings(t *testing.T) {
 		n, err := a.AddNode(ctx, harness.NodeSpec{Name: "a-z1", Location: "z"})
 		must(t, err)
 		nft := exec.CommandContext(ctx, "ip", "netns", "exec", n.NS, "nft", "-f", "-")
-		nft.Stdin = strings.NewReader("table inet e2e_in { chain in { type filter hook input priority 0; udp dport 51820 drop; } }\n")
+		nft.Stdin = strings.NewReader("table inet e2e_in {\n\tchain input {\n\t\ttype filter hook input priority 0; udp dport 51820 drop;\n\t}\n}\n")
 		if out, err := nft.CombinedOutput(); err != nil {
 			t.Fatalf("nft: %v\n%s", err, out)
 		}
@@ -234,23 +234,43 @@ func TestFindings(t *testing.T) {
 		gone(t, "a-z1")
 	})
 
+	// leaderOfX is location x's leader now (the label faults above move
+	// a-x2 out of x and back, and the Lease may change hands).
+	leaderOfX := func(t *testing.T) (leader, other *harness.Node) {
+		t.Helper()
+		must(t, harness.Poll(ctx, 30*time.Second, 500*time.Millisecond, "location x's leader", func() (bool, error) {
+			_, _, sts := findings(ctx, t, env, a)
+			switch {
+			case sts["a-x1"].Role == "leader" && sts["a-x2"].Role == "non-leader":
+				leader, other = ax1, ax2
+			case sts["a-x2"].Role == "leader" && sts["a-x1"].Role == "non-leader":
+				leader, other = ax2, ax1
+			default:
+				return false, nil
+			}
+			return true, nil
+		}))
+		return leader, other
+	}
+
 	t.Run("leader with ip_forward off", func(t *testing.T) {
 		// meshlet sets ip_forward=1 at every reconcile: the fault lasts
-		// while something keeps turning it off (here a loop in a-x1's
-		// namespace, as a host tool re-applying sysctls would).
+		// while something keeps turning it off (here a loop in the
+		// leader's namespace, as a host tool re-applying sysctls would).
+		leader, other := leaderOfX(t)
 		fctx, stop := context.WithCancel(ctx)
-		off := exec.CommandContext(fctx, "ip", "netns", "exec", ax1.NS, "sh", "-c", "while :; do echo 0 > /proc/sys/net/ipv4/ip_forward; sleep 0.05; done")
+		off := exec.CommandContext(fctx, "ip", "netns", "exec", leader.NS, "sh", "-c", "while :; do echo 0 > /proc/sys/net/ipv4/ip_forward; sleep 0.05; done")
 		must(t, off.Start())
 		start := time.Now()
-		took, _ := await(t, start, diagnose.IDIPForwardOff, "node a-x1", ax1)
+		took, _ := await(t, start, diagnose.IDIPForwardOff, "node "+leader.Name, leader)
 		lost := 0
-		if r, err := ay1.Ping(ctx, ax2.PodIP, 5, 200*time.Millisecond, time.Second); err == nil {
+		if r, err := ay1.Ping(ctx, other.PodIP, 5, 200*time.Millisecond, time.Second); err == nil {
 			lost = r.Lost()
 		}
-		report(t, "%s on a-x1 detected in %s; a-y1 → a-x2's pod through a-x1: %d of 5 pings lost", diagnose.IDIPForwardOff, took.Round(10*time.Millisecond), lost)
+		report(t, "%s on %s detected in %s; a-y1 → %s's pod through it: %d of 5 pings lost", diagnose.IDIPForwardOff, leader.Name, took.Round(10*time.Millisecond), other.Name, lost)
 		stop()
 		_ = off.Wait()
-		gone(t, "a-x1")
+		gone(t, leader.Name)
 	})
 
 	t.Run("peer endpoint DNS name does not resolve", func(t *testing.T) {
@@ -258,10 +278,11 @@ func TestFindings(t *testing.T) {
 		start := time.Now()
 		must(t, a.Apply(ctx, fmt.Sprintf(`{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":"gone"},
 "spec":{"allowedIPs":["10.9.0.1/32"],"publicKey":%q,"endpoint":{"dnsOrIP":{"dns":"gone.meshlet.invalid"},"port":51820}}}`, key)))
-		took, f := await(t, start, diagnose.IDPeerDNS, "node a-x1", ax1)
-		report(t, "%s (Peer gone) on a-x1 detected in %s: %s", diagnose.IDPeerDNS, took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
+		leader, _ := leaderOfX(t)
+		took, f := await(t, start, diagnose.IDPeerDNS, "node "+leader.Name, leader)
+		report(t, "%s (Peer gone) on %s detected in %s: %s", diagnose.IDPeerDNS, leader.Name, took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
 		must(t, a.DeletePeer(ctx, "gone"))
-		gone(t, "a-x1")
+		gone(t, leader.Name)
 		gone(t, "a-y1")
 	})
 
@@ -280,13 +301,13 @@ func TestFindings(t *testing.T) {
 		}
 		took, f := await(t, start, diagnose.IDCiliumTunl, "node a-c1", ns[0])
 		fs, _, _ := findings(ctx, t, env, a)
-		var today string
+		var today []string
 		for _, x := range fs {
 			if x.Check == "agents" && x.Subject == "node a-c1" {
-				today = x.Message
+				today = append(today, x.Message)
 			}
 		}
-		report(t, "%s on a-c1 detected in %s from its start: %s; the agent's own report besides: %q", diagnose.IDCiliumTunl,
+		report(t, "%s on a-c1 detected in %s from its start: %s; the agent's own reports besides: %q", diagnose.IDCiliumTunl,
 			took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "), today)
 		for _, n := range ns {
 			n.PowerOff()
