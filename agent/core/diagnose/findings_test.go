@@ -1,6 +1,7 @@
 package diagnose
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -207,5 +208,30 @@ func TestCiliumTunlFromPlanner(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunbookSections: every finding's runbook entry exists in
+// docs/runbooks.md's part for diagnose, and that part has no other.
+func TestRunbookSections(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/runbooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, part, ok := strings.Cut(string(doc), "\n# Runbooks for `meshlet diagnose`")
+	if !ok {
+		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
+	}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl}
+	var sections []string
+	for _, l := range strings.Split(part, "\n") {
+		if h, ok := strings.CutPrefix(l, "## "); ok {
+			sections = append(sections, h)
+		}
+	}
+	slices.Sort(ids)
+	slices.Sort(sections)
+	if !slices.Equal(ids, sections) {
+		t.Errorf("sections %q, want one per finding ID %q", sections, ids)
 	}
 }
