@@ -66,6 +66,10 @@ func TestOperate(t *testing.T) {
 		if len(st.Drift) != 0 {
 			t.Errorf("a-x1 drift on a converged mesh: %v", st.Drift)
 		}
+		// No named finding (docs/runbooks.md) on a healthy leader.
+		if len(st.Findings) != 0 {
+			t.Errorf("a-x1 findings on a healthy mesh: %+v", st.Findings)
+		}
 		kinds := map[string]int{}
 		for _, p := range st.Peers {
 			kinds[p.Kind]++

@@ -108,6 +108,8 @@ type Manager struct {
 	// handshakes are the peers added since the last InitiateHandshakes that
 	// WireGuard might not reach by itself (handshake.go).
 	handshakes map[wgtypes.Key]struct{}
+	// unresolved are the endpoints the last apply could not resolve.
+	unresolved []UnresolvedEndpoint
 }
 
 // NewManager returns a Manager for cfg.Interface.
@@ -158,6 +160,12 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 	peers := m.resolve(ctx, desired.Peers)
 	if err := ctx.Err(); err != nil {
 		return Report{}, fmt.Errorf("wg: apply %s: %w", m.iface, err)
+	}
+	m.unresolved = m.unresolved[:0]
+	for _, p := range peers {
+		if p.ResolveErr != nil {
+			m.unresolved = append(m.unresolved, UnresolvedEndpoint{Name: p.Name, PublicKey: p.PublicKey, Endpoint: p.Endpoint, Error: p.ResolveErr.Error()})
+		}
 	}
 	in := DiffInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: peers, LastEndpoints: m.lastEndpoints, Names: m.names}
 	var d appliedDiff
@@ -255,6 +263,14 @@ func (m *Manager) remember(in DiffInput, rep Report, changed []int, read bool, p
 		default:
 		}
 	}
+}
+
+// Unresolved returns the endpoints the last apply could not resolve
+// (`meshlet status`).
+func (m *Manager) Unresolved() []UnresolvedEndpoint {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.unresolved)
 }
 
 // Stats reads the device for metrics.

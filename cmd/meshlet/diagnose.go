@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 
@@ -30,6 +31,7 @@ func newDiagnoseCmd() *cobra.Command {
 	var src meshSource
 	var output string
 	var agents bool
+	statusFiles := nodeFiles{remoteFiles{}}
 	cfg := config.Config{Local: true}
 	c := &cobra.Command{
 		Use:   "diagnose",
@@ -55,9 +57,14 @@ func newDiagnoseCmd() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return usage(fmt.Errorf("invalid flags: %w", err))
 			}
-			in, err := diagnoseInput(c.Context(), src, cfg, agents && src.local.file == "")
+			in, err := diagnoseInput(c.Context(), src, cfg, agents && src.local.file == "" && len(statusFiles.remoteFiles) == 0)
 			if err != nil {
 				return err
+			}
+			if len(statusFiles.remoteFiles) > 0 {
+				if in.Agents, err = readStatusFiles(statusFiles.remoteFiles); err != nil {
+					return err
+				}
 			}
 			fs := diagnose.Check(in)
 			if output == "json" {
@@ -80,6 +87,7 @@ func newDiagnoseCmd() *cobra.Command {
 	registerLeaderElection(c.Flags(), &cfg)
 	c.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status by running meshlet status in its pod (needs create on pods/exec)")
+	c.Flags().Var(statusFiles, "status-file", "read a node's agent status from a file (`meshlet status -o json` saved on the node), NODE=FILE (repeatable); the agents are then not asked")
 	return c
 }
 
@@ -275,10 +283,32 @@ func readAgents(ctx context.Context, src meshSource) (map[string]diagnose.Agent,
 	return out, nil
 }
 
+// nodeFiles is a NODE=FILE flag.
+type nodeFiles struct{ remoteFiles }
+
+func (nodeFiles) Type() string { return "NODE=FILE" }
+
+// readStatusFiles reads saved `meshlet status -o json` outputs by node.
+func readStatusFiles(files map[string]string) (map[string]diagnose.Agent, error) {
+	out := map[string]diagnose.Agent{}
+	for node, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("status of node %s: %w", node, err)
+		}
+		var s status.Status
+		if err := json.Unmarshal(b, &s); err != nil {
+			return nil, fmt.Errorf("status of node %s: %s: %w", node, file, err)
+		}
+		out[node] = agentOf(s)
+	}
+	return out, nil
+}
+
 func agentOf(s status.Status) diagnose.Agent {
-	a := diagnose.Agent{Role: s.Role, Version: s.Version, LastError: s.LastRun.Error, Drift: s.Drift}
+	a := diagnose.Agent{Role: s.Role, Version: s.Version, LastError: s.LastRun.Error, Drift: s.Drift, Findings: s.Findings}
 	for _, p := range s.Peers {
-		a.Peers = append(a.Peers, diagnose.AgentPeer{Name: p.Name, Kind: p.Kind, Cluster: p.Cluster, State: p.State, LastHandshake: p.LastHandshake, Allowed: p.Allowed})
+		a.Peers = append(a.Peers, p.Agent())
 	}
 	return a
 }
@@ -293,6 +323,11 @@ func printFindings(w io.Writer, in diagnose.Input, flagsFrom string, fs []diagno
 	counts := map[diagnose.Severity]int{}
 	for _, f := range fs {
 		counts[f.Severity]++
+		if f.ID != "" {
+			fmt.Fprintf(w, "%-8s %-16s ", strings.ToUpper(string(f.Severity)), f.Check)
+			status.WriteFinding(w, f)
+			continue
+		}
 		fmt.Fprintf(w, "%-8s %-16s %s: %s\n", strings.ToUpper(string(f.Severity)), f.Check, f.Subject, f.Message)
 		if f.Fix != "" {
 			fmt.Fprintf(w, "%-8s %-16s → %s\n", "", "", f.Fix)

@@ -201,6 +201,10 @@ func (n *Node) Start(ctx context.Context) error {
 	return n.WaitReady(ctx, 60*time.Second)
 }
 
+// Launch starts meshlet on the node without waiting for /readyz: for a
+// node whose reconciles are meant to fail (a fault the test causes).
+func (n *Node) Launch() error { return n.start() }
+
 func (n *Node) start() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -32,6 +32,11 @@ type Finding struct {
 	Subject  string   `json:"subject"`
 	Message  string   `json:"message"`
 	Fix      string   `json:"fix,omitempty"`
+	// ID names a fault users hit (findings.go); Evidence is the data that
+	// shows it and Runbook its entry in docs/runbooks.md.
+	ID       string   `json:"id,omitempty"`
+	Evidence []string `json:"evidence,omitempty"`
+	Runbook  string   `json:"runbook,omitempty"`
 }
 
 // Input is a cluster as read once.
@@ -74,6 +79,9 @@ type Agent struct {
 	LastError string
 	Drift     []string
 	Peers     []AgentPeer
+	// Findings are the named findings the agent proved about its node
+	// (NodeFindings, in its status).
+	Findings []Finding
 }
 
 // AgentPeer is a peer as an agent judges it.
@@ -81,6 +89,11 @@ type AgentPeer struct {
 	Name, Kind, Cluster, State string
 	LastHandshake              time.Time
 	Allowed                    time.Duration
+	// Endpoint is the planned endpoint, Learned the device's when it
+	// differs; the counters are the device's since it was created.
+	Endpoint, Learned string
+	Keepalive         int
+	RxBytes, TxBytes  int64
 }
 
 const (
@@ -103,6 +116,7 @@ func Check(in Input) []Finding {
 	checkRemotes(in, add)
 	checkClocks(in, add)
 	checkAgents(in, ref, add)
+	checkFindings(in, func(f Finding) { fs = append(fs, f) })
 	rank := map[Severity]int{Error: 0, Warning: 1, OK: 2}
 	slices.SortStableFunc(fs, func(a, b Finding) int {
 		return cmp.Or(cmp.Compare(rank[a.Severity], rank[b.Severity]), cmp.Compare(a.Check, b.Check), cmp.Compare(a.Subject, b.Subject))

@@ -37,6 +37,9 @@ func (w *WireGuard) InitiateHandshakes(ctx context.Context) (int, error) {
 // Stats reads the device (metrics at scrape time).
 func (w *WireGuard) Stats(ctx context.Context) (wg.DeviceStats, error) { return w.Manager.Stats(ctx) }
 
+// Unresolved are the endpoints the last apply could not resolve.
+func (w *WireGuard) Unresolved() []wg.UnresolvedEndpoint { return w.Manager.Unresolved() }
+
 // Host applies links, routes, rules, tunnel and iptables through netlinkx,
 // and where Kilo is the CNI the CNI configuration list's range.
 type Host struct {
@@ -128,6 +131,10 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 	}
 	return self, nil
 }
+
+// Sysctl reads a sysctl of the node's network namespace (`meshlet
+// status`: ip_forward on a leader).
+func (h *Host) Sysctl(key string) (string, error) { return h.Host.ReadSysctl(key) }
 
 // Drift reports, without changing anything, how the host differs from the
 // plan's link, routes and rules (`meshlet status`).

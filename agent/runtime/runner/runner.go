@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
+	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/kilo"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -44,6 +45,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/agent/runtime/status"
+	"github.com/meshlet/meshlet/wg"
 )
 
 // WireGuard is the device actuator and its stats.
@@ -82,6 +84,18 @@ type Options struct {
 // differs from a plan (/status shows it; node.Host is one).
 type Drifter interface {
 	Drift(ctx context.Context, plan topology.Plan) ([]string, error)
+}
+
+// Sysctler is a Host that reads the node's sysctls (/status: ip_forward;
+// node.Host is one).
+type Sysctler interface {
+	Sysctl(key string) (string, error)
+}
+
+// Unresolver is a WireGuard that remembers the endpoints its last apply
+// could not resolve (/status; node.WireGuard is one).
+type Unresolver interface {
+	Unresolved() []wg.UnresolvedEndpoint
 }
 
 // Agent is a running meshlet.
@@ -417,6 +431,16 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 	}
 	if d, ok := a.opts.Host.(Drifter); ok && have {
 		in.Drift, in.DriftErr = d.Drift(ctx, run.Plan)
+	}
+	in.Settings = a.opts.Config.Settings()
+	in.Snapshot = topology.Snapshot{Nodes: a.Local.State(a.opts.Config.ClusterName).Nodes}
+	if h, ok := a.opts.Host.(Sysctler); ok {
+		in.IPForward, _ = h.Sysctl("net.ipv4.ip_forward")
+	}
+	if u, ok := a.opts.WireGuard.(Unresolver); ok {
+		for _, e := range u.Unresolved() {
+			in.Unresolved = append(in.Unresolved, diagnose.Unresolved{Peer: e.Name, Endpoint: e.Endpoint, Error: e.Error})
+		}
 	}
 	if a.elector != nil {
 		es := a.elector.Status()

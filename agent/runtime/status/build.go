@@ -6,6 +6,8 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/meshlet/meshlet/agent/core/diagnose"
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/grants"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
@@ -38,6 +40,13 @@ type Input struct {
 	// FeaturesOff are the features the agent's grants or the cluster's
 	// CRDs do not allow (agent/runtime/grants).
 	FeaturesOff []grants.Feature
+	// What NodeFindings needs besides the plan and the device: the flags,
+	// the agent's snapshot of its cluster, net.ipv4.ip_forward as read now
+	// ("" = not read), the endpoints the last apply could not resolve.
+	Settings   topology.Settings
+	Snapshot   topology.Snapshot
+	IPForward  string
+	Unresolved []diagnose.Unresolved
 }
 
 // Build assembles the status.
@@ -121,6 +130,14 @@ func Build(in Input) Status {
 			l.Leadership = *plan.Leadership
 		}
 		s.Leadership = &l
+	}
+	if in.HaveRun {
+		peers := make([]diagnose.AgentPeer, 0, len(s.Peers))
+		for _, p := range s.Peers {
+			peers = append(peers, p.Agent())
+		}
+		s.Findings = diagnose.NodeFindings(diagnose.NodeFacts{Node: in.Node, Settings: in.Settings, Snapshot: in.Snapshot, Plan: plan,
+			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved})
 	}
 	return s
 }

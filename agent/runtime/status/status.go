@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/grants"
@@ -48,6 +49,9 @@ type Status struct {
 	// FeaturesOff are the features the agent may not use: the grants or
 	// CRDs each lacks (docs/dropin.md#grants).
 	FeaturesOff []grants.Feature `json:"featuresOff,omitempty"`
+	// Findings are the named faults this agent proves about its node
+	// (diagnose.NodeFindings; docs/runbooks.md has one entry each).
+	Findings []diagnose.Finding `json:"findings,omitempty"`
 }
 
 // Leadership is the last plan's decisions on the location's Lease and the
@@ -187,7 +191,31 @@ func Print(w io.Writer, s Status) error {
 		fmt.Fprintln(tw, "\nNo drift: the host matches the plan.")
 	}
 	WriteRejections(tw, s.Rejections)
+	if len(s.Findings) > 0 {
+		fmt.Fprintln(tw, "\nFINDINGS (faults proven on this node; meshlet diagnose shows them too)")
+		for _, f := range s.Findings {
+			fmt.Fprintf(tw, "%s ", strings.ToUpper(string(f.Severity)))
+			WriteFinding(tw, f)
+		}
+	}
 	return tw.Flush()
+}
+
+// WriteFinding writes one named finding after its severity: what, the
+// evidence, the fix and its runbook entry (`meshlet status`, `meshlet
+// diagnose`).
+func WriteFinding(w io.Writer, f diagnose.Finding) {
+	fmt.Fprintf(w, "%s [%s]: %s\n", f.Subject, f.ID, f.Message)
+	for _, e := range f.Evidence {
+		fmt.Fprintf(w, "    evidence: %s\n", e)
+	}
+	fmt.Fprintf(w, "    → %s (%s)\n", f.Fix, f.Runbook)
+}
+
+// Agent is the peer as `meshlet diagnose` judges it.
+func (p Peer) Agent() diagnose.AgentPeer {
+	return diagnose.AgentPeer{Name: p.Name, Kind: p.Kind, Cluster: p.Cluster, State: p.State, LastHandshake: p.LastHandshake, Allowed: p.Allowed,
+		Endpoint: p.Endpoint, Learned: p.Learned, Keepalive: p.Keepalive, RxBytes: p.RxBytes, TxBytes: p.TxBytes}
 }
 
 // leadershipLine says how the location's leader is chosen and this node's

@@ -13,6 +13,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/agent/runtime/metrics"
@@ -85,6 +86,15 @@ func TestBuildAndPrint(t *testing.T) {
 			in.Device, in.Health, in.Remotes, in.Drift = wg.DeviceStats{}, nil, nil, nil
 			in.DeviceErr = errors.New("reading kilo0: permission denied")
 			in.Run.Error, in.Ready = "applying WireGuard device: permission denied", false
+			return in
+		}},
+		{"leader with findings", func() Input {
+			// ip_forward off while leading a-2, and an unresolvable Peer
+			// endpoint: FINDINGS with evidence, fix and runbook.
+			in := leader()
+			in.Run.Plan.Segments = []topology.SegmentInfo{{Name: "location:a", Location: "a", Leader: "a-1", Nodes: []string{"a-1", "a-2"}}}
+			in.IPForward = "0"
+			in.Unresolved = []diagnose.Unresolved{{Peer: "laptop", Endpoint: "gone.example.invalid:51820", Error: "lookup gone.example.invalid: no such host"}}
 			return in
 		}},
 	} {

@@ -1,0 +1,385 @@
+package diagnose
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/meshlet/meshlet/agent/core/topology"
+)
+
+// The named findings: the faults users hit and search for (issue 22), each
+// with a stable ID, its evidence and a runbook entry of the same name in
+// docs/runbooks.md. Each is decided here from data the agents and the API
+// already have; the node-local ones are computed by the node's agent (its
+// `meshlet status`) and relayed by `meshlet diagnose`.
+const (
+	// IDLocationLabel: a node carries kilo.squat.ai/location as a label
+	// (Kilo reads only the annotation) and its location is not that label's.
+	IDLocationLabel = "LocationLabelNotAnnotation"
+	// IDTopologyLabel: a node has no location (no annotation, no label named
+	// by --topology-label) but a topology label of another name that names
+	// a location of the cluster.
+	IDTopologyLabel = "TopologyLabelNotRead"
+	// IDDuplicateKey: two nodes publish one WireGuard public key (a cloned
+	// image with its key file).
+	IDDuplicateKey = "DuplicatePublicKey"
+	// IDNATNoKeepalive: a peer's packets arrive from another address than
+	// the node advertises (NAT), and the node has no persistent keepalive.
+	IDNATNoKeepalive = "NATWithoutKeepalive"
+	// IDNoReply: this node has sent handshakes to a peer and received
+	// nothing from it, ever.
+	IDNoReply = "NoHandshakeReply"
+	// IDInboundBlocked: the peer receives this node's handshakes and
+	// answers, and nothing reaches this node: its inbound UDP is dropped.
+	IDInboundBlocked = "InboundWireGuardBlocked"
+	// IDIPForwardOff: a leader with non-leaders has net.ipv4.ip_forward 0.
+	IDIPForwardOff = "LeaderIPForwardOff"
+	// IDPeerDNS: a peer's endpoint is a DNS name that does not resolve.
+	IDPeerDNS = "PeerEndpointUnresolvable"
+	// IDCiliumTunl: --compatibility=cilium, the plan needs Cilium's IPIP
+	// device and the node has no cilium_tunl.
+	IDCiliumTunl = "CiliumTunlMissing"
+)
+
+// runbook is the runbook entry of a finding.
+func runbook(id string) string { return "docs/runbooks.md#" + strings.ToLower(id) }
+
+// initiationBytes is the size of a WireGuard handshake initiation's UDP
+// payload; unansweredInitiations of them sent with nothing received and no
+// handshake mean the peer never answered for at least
+// (unansweredInitiations-1) × REKEY_TIMEOUT (5 s): a healthy peer answers
+// the first in milliseconds (docs/wireguard.md).
+const (
+	initiationBytes       = 148
+	unansweredInitiations = 3
+)
+
+// topologyLabels are the labels people set to place nodes, other than the
+// one --topology-label names (Kilo reads only that one).
+var topologyLabels = []string{
+	topology.AnnotationLocation,
+	"topology.kubernetes.io/region",
+	"topology.kubernetes.io/zone",
+	"failure-domain.beta.kubernetes.io/region",
+	"failure-domain.beta.kubernetes.io/zone",
+}
+
+// Unresolved is an endpoint the agent's last apply could not resolve.
+type Unresolved struct {
+	Peer, Endpoint, Error string
+}
+
+// NodeFacts is what one node's agent knows of itself, for the findings its
+// `meshlet status` reports.
+type NodeFacts struct {
+	Node     string
+	Settings topology.Settings
+	// Snapshot is the agent's view of its cluster (its own Node among them).
+	Snapshot topology.Snapshot
+	Plan     topology.Plan
+	// Peers are the device's peers (status.Peers).
+	Peers []AgentPeer
+	// IPForward is net.ipv4.ip_forward as read now ("" = not read).
+	IPForward  string
+	Unresolved []Unresolved
+}
+
+// NodeFindings are the named findings about one node that its agent can
+// prove alone.
+func NodeFindings(f NodeFacts) []Finding {
+	var fs []Finding
+	self := func(x Finding) bool { return x.Subject == "node "+f.Node }
+	for _, x := range LocationFindings(f.Snapshot.Nodes, f.Settings) {
+		if self(x) {
+			fs = append(fs, x)
+		}
+	}
+	for _, x := range duplicateKeys(f.Snapshot) {
+		if slices.Contains(x.nodes, f.Node) {
+			fs = append(fs, x.Finding)
+		}
+	}
+	fs = append(fs, noReply(f.Node, f.Peers)...)
+	fs = append(fs, ipForward(f)...)
+	fs = append(fs, unresolved(f.Node, f.Unresolved)...)
+	fs = append(fs, ciliumTunl(f)...)
+	return fs
+}
+
+// LocationFindings: nodes whose location is not what their labels say they
+// meant — kilo.squat.ai/location set as a label (Kilo reads only the
+// annotation), or a topology label other than --topology-label naming a
+// location of the cluster on a node that has none.
+func LocationFindings(nodes []topology.Node, set topology.Settings) []Finding {
+	set = topology.Defaults(set)
+	locations := map[string]bool{}
+	for _, n := range nodes {
+		if l := topology.NodeLocation(n, set); l != "" {
+			locations[l] = true
+		}
+	}
+	var fs []Finding
+	for _, n := range nodes {
+		loc := topology.NodeLocation(n, set)
+		if v, ok := n.Labels[topology.AnnotationLocation]; ok && n.LocationAnnotation == "" && v != loc {
+			fs = append(fs, Finding{Severity: Error, Check: "location", ID: IDLocationLabel, Subject: "node " + n.Name,
+				Message: fmt.Sprintf("has %s=%s as a label, not as the annotation Kilo reads: it is in %s, not in location %s", topology.AnnotationLocation, v, locName(loc), v),
+				Evidence: []string{fmt.Sprintf("label %s=%s", topology.AnnotationLocation, v), "annotation " + topology.AnnotationLocation + " absent",
+					fmt.Sprintf("label %s=%s (--topology-label)", set.TopologyLabel, orNone(n.Labels[set.TopologyLabel]))},
+				Fix:     fmt.Sprintf("kubectl annotate node %s %s=%s (Talos: machine.nodeAnnotations)", n.Name, topology.AnnotationLocation, v),
+				Runbook: runbook(IDLocationLabel)})
+			continue
+		}
+		if loc != "" {
+			continue
+		}
+		for _, k := range topologyLabels {
+			if v := n.Labels[k]; k != set.TopologyLabel && v != "" && locations[v] {
+				fs = append(fs, Finding{Severity: Error, Check: "location", ID: IDTopologyLabel, Subject: "node " + n.Name,
+					Message: fmt.Sprintf("has no location: label %s=%s names location %s, but the agents read the location from %s (--topology-label), which it lacks", k, v, v, set.TopologyLabel),
+					Evidence: []string{fmt.Sprintf("label %s=%s", k, v), "annotation " + topology.AnnotationLocation + " absent",
+						"label " + set.TopologyLabel + " absent", fmt.Sprintf("other nodes are in location %s", v)},
+					Fix:     fmt.Sprintf("kubectl annotate node %s %s=%s, or run every agent with --topology-label=%s", n.Name, topology.AnnotationLocation, v, k),
+					Runbook: runbook(IDTopologyLabel)})
+				break
+			}
+		}
+	}
+	return fs
+}
+
+func locName(l string) string {
+	if l == "" {
+		return "no location (a segment of its own)"
+	}
+	return "location " + l
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+// keyFinding is a duplicate-key finding and the nodes it names.
+type keyFinding struct {
+	Finding
+	nodes []string
+}
+
+// duplicateKeys: nodes of the local and remote clusters that publish one
+// public key. WireGuard tells peers apart by key alone, so at most one of
+// them is meshed.
+func duplicateKeys(snap topology.Snapshot) []keyFinding {
+	byKey := map[topology.Key][]string{}
+	add := func(cluster string, nodes []topology.Node) {
+		for _, n := range nodes {
+			if !n.PublicKey.IsZero() {
+				byKey[n.PublicKey] = append(byKey[n.PublicKey], qualified(cluster, n.Name))
+			}
+		}
+	}
+	add("", snap.Nodes)
+	for _, r := range snap.Remotes {
+		add(r.Name, r.Nodes)
+	}
+	var out []keyFinding
+	for k, names := range byKey {
+		if len(names) < 2 {
+			continue
+		}
+		sort.Strings(names)
+		key := k.String()
+		out = append(out, keyFinding{nodes: names, Finding: Finding{Severity: Error, Check: "keys", ID: IDDuplicateKey,
+			Subject:  "nodes " + strings.Join(names, ", "),
+			Message:  fmt.Sprintf("%d nodes publish one WireGuard public key (%s…): WireGuard tells peers apart by key, so only one of them is meshed", len(names), key[:8]),
+			Evidence: []string{fmt.Sprintf("annotation %s=%s on %s", topology.AnnotationKey, key, strings.Join(names, ", "))},
+			Fix:      "on all but one of them delete the agent's key file (a cloned image's; --key-file) and restart the agent: it creates a new key",
+			Runbook:  runbook(IDDuplicateKey)}})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Subject < out[j].Subject })
+	return out
+}
+
+// noReply: peers this node has sent handshake initiations to and received
+// nothing from, ever (the device's counters since it was created).
+func noReply(node string, peers []AgentPeer) []Finding {
+	var fs []Finding
+	for _, p := range peers {
+		if p.LastHandshake.IsZero() && p.RxBytes == 0 && p.TxBytes >= unansweredInitiations*initiationBytes {
+			fs = append(fs, Finding{Severity: Error, Check: "handshakes", ID: IDNoReply, Subject: "node " + node,
+				Message:  fmt.Sprintf("peer %s (%s) never answered: %d B of handshakes sent to %s, nothing received", p.Name, p.Kind, p.TxBytes, orNone(p.Endpoint)),
+				Evidence: []string{fmt.Sprintf("peer %s: tx %d B (≥ %d handshake initiations), rx 0 B, last handshake never", p.Name, p.TxBytes, p.TxBytes/initiationBytes)},
+				Fix:      "open UDP " + portOf(p.Endpoint) + " both ways between this node and " + orNone(p.Endpoint) + " (cloud firewall, security group); `meshlet status` on the peer says which way is dropped",
+				Runbook:  runbook(IDNoReply)})
+		}
+	}
+	return fs
+}
+
+func portOf(endpoint string) string {
+	if ap, err := netip.ParseAddrPort(endpoint); err == nil {
+		return fmt.Sprint(ap.Port())
+	}
+	if i := strings.LastIndexByte(endpoint, ':'); i >= 0 {
+		return endpoint[i+1:]
+	}
+	return "51820"
+}
+
+// ipForward: a leader forwards its non-leaders' traffic (and its peers' to
+// them); with ip_forward 0 the kernel drops it.
+func ipForward(f NodeFacts) []Finding {
+	if !f.Plan.Leader || f.IPForward != "0" {
+		return nil
+	}
+	var via []string
+	for _, s := range f.Plan.Segments {
+		if s.Leader == f.Node {
+			for _, n := range s.Nodes {
+				if n != f.Node {
+					via = append(via, n)
+				}
+			}
+		}
+	}
+	if len(via) == 0 {
+		return nil
+	}
+	return []Finding{{Severity: Error, Check: "forwarding", ID: IDIPForwardOff, Subject: "node " + f.Node,
+		Message:  fmt.Sprintf("leads %s for %s but net.ipv4.ip_forward is 0: their traffic through the tunnel is dropped here", locName(f.Plan.Location), strings.Join(via, ", ")),
+		Evidence: []string{"net.ipv4.ip_forward = 0 (read now)", "role leader, non-leaders " + strings.Join(via, ", ")},
+		Fix:      "sysctl -w net.ipv4.ip_forward=1 and find what turns it off (meshlet sets it each reconcile: a read-only /proc/sys makes that fail)",
+		Runbook:  runbook(IDIPForwardOff)}}
+}
+
+func unresolved(node string, us []Unresolved) []Finding {
+	var fs []Finding
+	for _, u := range us {
+		fs = append(fs, Finding{Severity: Error, Check: "peer dns", ID: IDPeerDNS, Subject: "node " + node,
+			Message:  fmt.Sprintf("peer %s's endpoint %s does not resolve: the device keeps the address it had, if any", u.Peer, u.Endpoint),
+			Evidence: []string{u.Error},
+			Fix:      "fix the DNS name in the Peer's spec.endpoint.dnsOrIP.dns (or use an IP), or its DNS record",
+			Runbook:  runbook(IDPeerDNS)})
+	}
+	return fs
+}
+
+// ciliumTunl: with --compatibility=cilium the encapsulated routes go through
+// Cilium's IPIP device; without it (Cilium without
+// enable-ipip-termination) the plan falls back to tunl0.
+func ciliumTunl(f NodeFacts) []Finding {
+	if f.Settings.Compatibility != topology.CompatibilityCilium || f.Plan.Tunnel.Name == "" || f.Plan.Tunnel.Name == topology.TunnelCilium {
+		return nil
+	}
+	return []Finding{{Severity: Error, Check: "cilium", ID: IDCiliumTunl, Subject: "node " + f.Node,
+		Message:  fmt.Sprintf("--compatibility=cilium and the routes need an IPIP device, but there is no %s: the plan falls back to %s", topology.TunnelCilium, f.Plan.Tunnel.Name),
+		Evidence: []string{"no link " + topology.TunnelCilium + " on the node", fmt.Sprintf("planned tunnel %s (create %v)", f.Plan.Tunnel.Name, f.Plan.Tunnel.Create)},
+		Fix:      "run Cilium with enable-ipip-termination=true (Helm: enableIPIPTermination), or --encapsulate=never where the nodes of a location share a subnet",
+		Runbook:  runbook(IDCiliumTunl)}}
+}
+
+// crossAgent are the findings that need two agents' reports: a node behind
+// NAT without keepalive (its peer's device learned another address than it
+// advertises), and inbound UDP dropped at a node (its peer receives and
+// answers, nothing arrives).
+func crossAgent(in Input, add func(Finding)) {
+	names := make([]string, 0, len(in.Agents))
+	for n := range in.Agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	nodes := map[string]topology.Node{}
+	for _, n := range in.Snapshot.Nodes {
+		nodes[n.Name] = n
+	}
+	natted := map[string]bool{}
+	for _, seer := range names {
+		for _, p := range in.Agents[seer].Peers {
+			n, ok := nodes[p.Name]
+			if p.Kind != string(topology.KindSegment) || !ok || p.Learned == "" || n.PersistentKeepalive > 0 || natted[p.Name] {
+				continue
+			}
+			if _, err := netip.ParseAddrPort(p.Endpoint); err != nil {
+				continue // a DNS name: the device shows what it resolved to
+			}
+			natted[p.Name] = true
+			add(Finding{Severity: Error, Check: "nat", ID: IDNATNoKeepalive, Subject: "node " + p.Name,
+				Message: fmt.Sprintf("is behind NAT (or sends from another address than it advertises): %s receives its packets from %s, it advertises %s, and it has no persistent keepalive, so the mapping expires and %s cannot reach it", seer, p.Learned, p.Endpoint, seer),
+				Evidence: []string{fmt.Sprintf("%s's device: peer %s endpoint %s (learned), planned %s", seer, p.Name, p.Learned, p.Endpoint),
+					"annotation " + topology.AnnotationPersistentKeepalive + " absent on " + p.Name},
+				Fix:     fmt.Sprintf("kubectl annotate node %s %s=25", p.Name, topology.AnnotationPersistentKeepalive),
+				Runbook: runbook(IDNATNoKeepalive)})
+		}
+	}
+	for _, node := range names {
+		for _, f := range in.Agents[node].Findings {
+			if f.ID != IDNoReply {
+				continue
+			}
+			for _, p := range in.Agents[node].Peers {
+				if !strings.HasPrefix(f.Message, "peer "+p.Name+" ") {
+					continue
+				}
+				other, ok := in.Agents[p.Name]
+				if !ok {
+					continue
+				}
+				for _, op := range other.Peers {
+					if op.Name == node && op.RxBytes > 0 && op.TxBytes > 0 && op.LastHandshake.IsZero() {
+						add(Finding{Severity: Error, Check: "handshakes", ID: IDInboundBlocked, Subject: "node " + node,
+							Message: fmt.Sprintf("inbound WireGuard is dropped here: %s receives this node's handshakes and answers, nothing from %s arrives", p.Name, p.Name),
+							Evidence: []string{fmt.Sprintf("%s: peer %s tx %d B, rx 0 B, no handshake", node, p.Name, p.TxBytes),
+								fmt.Sprintf("%s: peer %s rx %d B, tx %d B, no handshake", p.Name, node, op.RxBytes, op.TxBytes)},
+							Fix:     "open inbound UDP " + portOf(op.Endpoint) + " to " + node + " (cloud firewall, security group, host nftables)",
+							Runbook: runbook(IDInboundBlocked)})
+					}
+				}
+			}
+		}
+	}
+}
+
+// checkFindings adds the named findings: those the API shows, those the
+// agents report (each once), those that need two agents.
+func checkFindings(in Input, add func(Finding)) {
+	seen := map[string]bool{}
+	once := func(f Finding) {
+		if k := f.ID + "\x00" + f.Subject; !seen[k] {
+			seen[k] = true
+			add(f)
+		}
+	}
+	for _, f := range LocationFindings(in.Snapshot.Nodes, in.Snapshot.Settings) {
+		once(f)
+	}
+	for _, f := range duplicateKeys(in.Snapshot) {
+		once(f.Finding)
+	}
+	names := make([]string, 0, len(in.Agents))
+	for n := range in.Agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		for _, f := range in.Agents[n].Findings {
+			once(f)
+		}
+	}
+	crossAgent(in, once)
+}
+
+// IDs lists the IDs of the named findings among fs.
+func IDs(fs []Finding) []string {
+	var out []string
+	for _, f := range fs {
+		if f.ID != "" {
+			out = append(out, f.ID)
+		}
+	}
+	return out
+}
