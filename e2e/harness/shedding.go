@@ -238,3 +238,6 @@ func (v *SlowView) serve(ctx context.Context, c net.Conn, target string) {
 	}()
 	<-done
 }
+
+// Readyz is the agent's /readyz: its status code and body.
+func (n *Node) Readyz(ctx context.Context) (int, []byte, error) { return n.get(ctx, "/readyz") }
