@@ -146,6 +146,9 @@ func TestSlowRemoteAPI(t *testing.T) {
 	view, kc, err := b.SlowView(ctx)
 	must(t, err)
 	must(t, a.SetKubeconfigSecret(ctx, b.Name, kc))
+	must(t, harness.Poll(ctx, 60*time.Second, 100*time.Millisecond, "cluster-a's leader reading cluster-b through the view", func() (bool, error) {
+		return view.Accepted() > 0, nil
+	}))
 	flow, err := b.NewFlow(ctx, "meshlet-remote-readers", harness.Namespace, "meshlet-remote", countShares)
 	must(t, err)
 	zKey, err := z1.PublicKey(ctx)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -138,8 +137,12 @@ func (f *Flow) Delete(ctx context.Context) error {
 // everything the server sends by a settable latency (a slow link or an
 // API server answering slowly; order and throughput kept).
 type SlowView struct {
-	delay atomic.Int64 // nanoseconds
+	delay    atomic.Int64 // nanoseconds
+	accepted atomic.Int64
 }
+
+// Accepted is how many connections the view took so far.
+func (v *SlowView) Accepted() int64 { return v.accepted.Load() }
 
 // SetDelay sets the latency added from now on (0: none).
 func (v *SlowView) SetDelay(d time.Duration) { v.delay.Store(int64(d)) }
@@ -160,18 +163,14 @@ func (c *Cluster) SlowView(ctx context.Context) (*SlowView, []byte, error) {
 	}
 	v := &SlowView{}
 	target := "127.0.0.1:" + c.APIPort()
-	var wg sync.WaitGroup
 	go func() {
 		for {
 			conn, err := l.Accept()
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				v.serve(ctx, conn, target)
-			}()
+			v.accepted.Add(1)
+			go v.serve(ctx, conn, target)
 		}
 	}()
 	e.onClose(func() { _ = l.Close() })
