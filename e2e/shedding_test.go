@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -197,6 +196,6 @@ func TestSlowRemoteAPI(t *testing.T) {
 		t.Errorf("removed from the data plane while cluster-b's API was slow: %s", strings.Join(res.Removed, "; "))
 	}
 	if fault.Total() == 0 {
-		t.Error(fmt.Sprintf("no request of cluster-a's agents reached cluster-b's flow %s: the view is not in use", flow.Name))
+		t.Errorf("no request of cluster-a's agents reached cluster-b's flow %s: the view is not in use", flow.Name)
 	}
 }
