@@ -85,9 +85,9 @@ func (w *holderWatch) took(holder string) time.Time {
 
 // ledLocation builds cluster-a's location x of a-x1 and a-x2, led by
 // a-x1 with meshlet's mark, and cluster-b's b-z1.
-func ledLocation(t *testing.T) (context.Context, *harness.Cluster, *harness.Node, *harness.Node, *harness.Node) {
+func ledLocation(t *testing.T, tune ...func(*harness.Options)) (context.Context, *harness.Cluster, *harness.Node, *harness.Node, *harness.Node) {
 	t.Helper()
-	env, ctx := newEnv(t)
+	env, ctx := newEnv(t, tune...)
 	must(t, env.Build(ctx, harness.Small(2, "z")))
 	x1, x2, z1 := env.Node("a-x1"), env.Node("a-x2"), env.Node("b-z1")
 	if l := leaderOf(t, ctx, x1, x2); l != x1 {

@@ -13,6 +13,12 @@ import (
 	"github.com/meshlet/meshlet/e2e/harness"
 )
 
+// withAPF turns API Priority and Fairness on in the API servers (the
+// harness's are started without it).
+func withAPF(o *harness.Options) {
+	o.APIServerArgs = append(o.APIServerArgs, "--enable-priority-and-fairness=true")
+}
+
 // countShares are the seats of a flow that only counts (more than
 // meshlet ever uses at once).
 const countShares = 100
@@ -45,7 +51,7 @@ func awaitAllowedIP(t *testing.T, ctx context.Context, n *harness.Node, key, pre
 // added during the fault reaches the leader's device through the watch.
 // After the recovery the agents catch up: ready again, the Lease renewed.
 func TestAPIServerShedsLoad(t *testing.T) {
-	ctx, a, x1, x2, z1 := ledLocation(t)
+	ctx, a, x1, x2, z1 := ledLocation(t, withAPF)
 	_, err := x2.WaitReachable(ctx, z1.PodIP, 30*time.Second)
 	must(t, err)
 	flow, err := a.NewFlow(ctx, "meshlet-agents", harness.Namespace, "meshlet", countShares)
@@ -140,7 +146,7 @@ func TestAPIServerShedsLoad(t *testing.T) {
 // arrives late but arrives, and one made after the recovery arrives in
 // the usual time.
 func TestSlowRemoteAPI(t *testing.T) {
-	ctx, a, x1, x2, z1 := ledLocation(t)
+	ctx, a, x1, x2, z1 := ledLocation(t, withAPF)
 	b := z1.Cluster
 	view, kc, err := b.SlowView(ctx)
 	must(t, err)

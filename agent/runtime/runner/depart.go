@@ -236,8 +236,18 @@ func (a *Agent) stopping(ctx context.Context) {
 }
 
 // goingAway says why this node goes away ("" = it does not: a restart).
+// The Node is read afresh (a list: kg's grants have no get on nodes): the
+// kubelet marks it not Ready just before it stops the pods, and the watch
+// may not have delivered that yet; the informer's copy when the API does
+// not answer.
 func (a *Agent) goingAway(ctx context.Context) string {
-	if n := a.Local.SelfNode(); n != nil {
+	lctx, cancel := context.WithTimeout(ctx, suspendTimeout)
+	defer cancel()
+	n := a.Local.SelfNode()
+	if l, err := a.client.CoreV1().Nodes().List(lctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", a.opts.Node).String()}); err == nil && len(l.Items) == 1 {
+		n = &l.Items[0]
+	}
+	if n != nil {
 		switch {
 		case n.DeletionTimestamp != nil:
 			return "its Node is being deleted"
@@ -250,8 +260,6 @@ func (a *Agent) goingAway(ctx context.Context) string {
 			}
 		}
 	}
-	lctx, cancel := context.WithTimeout(ctx, suspendTimeout)
-	defer cancel()
 	leaving, why := a.Leaving(lctx)
 	if leaving {
 		return why
