@@ -51,6 +51,13 @@ func awaitAllowedIP(t *testing.T, ctx context.Context, n *harness.Node, key, pre
 // added during the fault reaches the leader's device through the watch.
 // After the recovery the agents catch up: ready again, the Lease renewed.
 func TestAPIServerShedsLoad(t *testing.T) {
+	// Found while building it: a priority level with 0 seats (nominal 0,
+	// no lending or borrowing, Reject) still dispatches a request while
+	// none of its requests executes, so an agent's one-at-a-time requests
+	// are all served (an elector pair against one kube-apiserver 1.37:
+	// 14 dispatched, 0 rejected). A 429 needs a request already executing
+	// in the level (a seat hog) — not built yet (docs/failover.md#shedding).
+	t.Skip("LIMITATION: a 0-seat priority level does not refuse sequential requests; the scenario needs a seat hog")
 	ctx, a, x1, x2, z1 := ledLocation(t, withAPF)
 	_, err := x2.WaitReachable(ctx, z1.PodIP, 30*time.Second)
 	must(t, err)
