@@ -20,17 +20,18 @@ import (
 // Flow is an API Priority and Fairness flow of one ServiceAccount's
 // requests to a cluster's API server: a FlowSchema matching only it, and
 // its own priority level. It counts that account's requests (the API
-// server's apiserver_flowcontrol_* series by flow schema) and can starve
-// them: a level with no seats of its own and none to borrow rejects every
-// request with HTTP 429, as an API server shedding load does.
+// server's apiserver_flowcontrol_* series by flow schema). A level with
+// no seats refuses with HTTP 429 only requests that arrive while another
+// of its requests executes (docs/failover.md#shedding).
 type Flow struct {
 	c    *Cluster
 	Name string
 }
 
 // NewFlow makes a flow for ServiceAccount namespace/sa of cluster c, with
-// shares seats (0: every request gets 429), the FlowSchema ahead of the
-// built-in ones.
+// shares seats, the FlowSchema ahead of the built-in ones. (A level of 0
+// seats still serves a request while none of its own executes:
+// docs/failover.md#shedding.)
 func (c *Cluster) NewFlow(ctx context.Context, name, namespace, sa string, shares int32) (*Flow, error) {
 	f := &Flow{c: c, Name: name}
 	return f, f.Set(ctx, namespace, sa, shares)
@@ -59,7 +60,9 @@ func (f *Flow) Set(ctx context.Context, namespace, sa string, shares int32) erro
 	all := []string{"*"}
 	fs := &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: f.Name},
 		Spec: flowcontrolv1.FlowSchemaSpec{PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: f.Name},
-			MatchingPrecedence: 100, DistinguisherMethod: &flowcontrolv1.FlowDistinguisherMethod{Type: flowcontrolv1.FlowDistinguisherMethodByUserType},
+			// Ahead of every built-in schema but exempt (1, system:masters
+			// only): the built-in "probes" (2) would take /readyz.
+			MatchingPrecedence: 1, DistinguisherMethod: &flowcontrolv1.FlowDistinguisherMethod{Type: flowcontrolv1.FlowDistinguisherMethodByUserType},
 			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
 				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindServiceAccount,
 					ServiceAccount: &flowcontrolv1.ServiceAccountSubject{Namespace: namespace, Name: sa}}},
