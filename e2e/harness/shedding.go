@@ -60,9 +60,9 @@ func (f *Flow) Set(ctx context.Context, namespace, sa string, shares int32) erro
 	all := []string{"*"}
 	fs := &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: f.Name},
 		Spec: flowcontrolv1.FlowSchemaSpec{PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: f.Name},
-			// Ahead of every built-in schema but exempt (1, system:masters
-			// only): the built-in "probes" (2) would take /readyz.
-			MatchingPrecedence: 1, DistinguisherMethod: &flowcontrolv1.FlowDistinguisherMethod{Type: flowcontrolv1.FlowDistinguisherMethodByUserType},
+			// Ahead of every built-in schema but exempt (1 is reserved for
+			// it): "probes" (2, /readyz) loses the tie by name.
+			MatchingPrecedence: 2, DistinguisherMethod: &flowcontrolv1.FlowDistinguisherMethod{Type: flowcontrolv1.FlowDistinguisherMethodByUserType},
 			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
 				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindServiceAccount,
 					ServiceAccount: &flowcontrolv1.ServiceAccountSubject{Namespace: namespace, Name: sa}}},
