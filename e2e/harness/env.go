@@ -44,6 +44,9 @@ type Options struct {
 	ResyncPeriod time.Duration
 	// LogLevel of every meshlet (default debug).
 	LogLevel string
+	// APIServerArgs are added to every cluster's kube-apiserver (e.g.
+	// --enable-priority-and-fairness=true, which e2e/apiserver turns off).
+	APIServerArgs []string
 }
 
 // Env is one test mesh.

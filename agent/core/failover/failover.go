@@ -64,6 +64,11 @@ const (
 	// ReasonNotGoverned: the location is no longer under a Lease (a kg
 	// node or a user's leader annotation arrived, or one node is left).
 	ReasonNotGoverned = "NotGoverned"
+	// ReasonLeaving: the node is going away (cordoned, being deleted, or
+	// its agent stops for good): its holder hands the Lease over at once,
+	// and it is a candidate only when nobody else can lead. Unlike a
+	// degraded node it does not cool down.
+	ReasonLeaving = "Leaving"
 )
 
 // States of a probed tunnel (TunnelState).
@@ -234,6 +239,9 @@ type Input struct {
 	// Ready yet delay a first election: StartupGrace).
 	Nodes     []topology.Node
 	Judgement Judgement
+	// Leaving: why this node's agent stops for good ("" = it does not;
+	// topology.Self.Leaving).
+	Leaving string
 }
 
 // Decision is this node's part in its location's Lease (nil without Lease
@@ -312,7 +320,10 @@ func Decide(in Input) Decision {
 	// gateway is down or not answering long enough again.
 	failing := h.GatewayDown && !now.Before(h.GatewayOnset.Add(StepAsideAfter)) ||
 		h.WireGuardDegraded && !now.Before(h.WireGuardOnset.Add(StepAsideAfter))
-	unfit := failing || cooling(in.Self)
+	// A node that is going away leads only when nobody else can; its
+	// holder hands the Lease over at once (docs/failover.md#restart).
+	leaving := in.Leaving != "" || in.SelfNode.Leaving != ""
+	unfit := failing || cooling(in.Self) || leaving
 	fit := !unfit && !h.GatewayDown && !h.GatewayRecovering
 	var others []*topology.Node
 	for _, n := range topology.KiloOrder(seg.Nodes) {
@@ -321,9 +332,9 @@ func Decide(in Input) Decision {
 			if fit {
 				l.Candidates = append(l.Candidates, n.Name)
 			}
-		case n.Degraded != "", cooling(n.Name), n.Name == lease.Holder && !alive:
-			// Degraded, cooling down, or a holder that stopped renewing
-			// (presumed dead): not a candidate.
+		case n.Degraded != "", n.Leaving != "", cooling(n.Name), n.Name == lease.Holder && !alive:
+			// Degraded, going away, cooling down, or a holder that stopped
+			// renewing (presumed dead): not a candidate.
 		default:
 			l.Candidates = append(l.Candidates, n.Name)
 			others = append(others, n)
@@ -335,9 +346,13 @@ func Decide(in Input) Decision {
 	kiloSelf := seg.LeaderNode().Name == in.Self
 	giveUp := unfit && len(others) > 0
 	if giveUp && !otherHolds && (kiloSelf || lease.Holder == in.Self) {
-		l.StepAside = ReasonWireGuardDegraded
-		if h.GatewayDown {
+		switch {
+		case !failing && !cooling(in.Self):
+			l.StepAside = ReasonLeaving
+		case h.GatewayDown:
 			l.StepAside = ReasonGatewayUnreachable
+		default:
+			l.StepAside = ReasonWireGuardDegraded
 		}
 	}
 	if lease.Holder == in.Self {

@@ -283,6 +283,30 @@ func TestDecide(t *testing.T) {
 			want: Decision{Leadership: gov(func(l *topology.Leadership) {
 				l.Holder, l.Candidates, l.Candidate = "x-2", []string{"x-2", "x-1", "x-3"}, true
 			})}},
+		{name: "the holder's node cordoned: it steps aside, releases at once and is vetoed; no degradation, no cool-down",
+			in: input("x-1", three(on(1, marked), on(1, cordoned)), held("x-1", 0), Judgement{}),
+			want: Decision{Veto: true, Leadership: gov(func(l *topology.Leadership) {
+				l.Holder, l.Candidates, l.Release, l.StepAside = "x-1", []string{"x-2", "x-3"}, ReasonLeaving, ReasonLeaving
+			})}},
+		{name: "the holder's agent stops for good (its DaemonSet is gone): it releases at once",
+			in: func() Input {
+				in := input("x-1", three(on(1, marked)), held("x-1", 0), Judgement{})
+				in.Leaving = "its DaemonSet is gone"
+				return in
+			}(),
+			want: Decision{Veto: true, Leadership: gov(func(l *topology.Leadership) {
+				l.Holder, l.Candidates, l.Release, l.StepAside = "x-1", []string{"x-2", "x-3"}, ReasonLeaving, ReasonLeaving
+			})}},
+		{name: "a cordoned node is no candidate; the next takes a released Lease at once",
+			in: input("x-3", three(on(1, cordoned)), held("", 0), Judgement{}),
+			want: Decision{Leadership: gov(func(l *topology.Leadership) {
+				l.Candidates, l.Candidate, l.Wait = []string{"x-2", "x-3"}, true, RankStagger
+			})}},
+		{name: "every node cordoned: the holder keeps leading (nobody else can)",
+			in: input("x-1", three(on(1, marked), on(1, cordoned), on(2, cordoned), on(3, cordoned)), held("x-1", 0), Judgement{}),
+			want: Decision{Leadership: gov(func(l *topology.Leadership) {
+				l.Holder, l.Candidate, l.Hold, l.Claim = "x-1", true, true, true
+			})}},
 		{name: "the agent still watches another Lease (the location changed): nothing is known of this one, taken to exist",
 			in: input("x-3", three(on(1, unseen)), &topology.LeaseState{Name: "meshlet-leader-old"}, Judgement{}),
 			want: Decision{Leadership: gov(func(l *topology.Leadership) {

@@ -38,6 +38,7 @@ var (
 	public     = func(n *topology.Node) { n.Endpoint = "198.51.100.9:51820" }
 	unseen     = func(n *topology.Node) { n.LastSeen = time.Time{} }
 	gatewayBad = func(n *topology.Node) { n.Degraded = ReasonGatewayUnreachable }
+	cordoned   = func(n *topology.Node) { n.Leaving = topology.LeavingCordoned }
 )
 
 // input is what Decide reads on node self: the Ready ones of nodes make

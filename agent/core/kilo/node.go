@@ -132,6 +132,14 @@ func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 
 	n.PodCIDRs = podCIDRs(node, reject)
 	n.Ready = nodeReady(node)
+	// Kilo's topology ignores both; only the Lease's holder reads them
+	// (docs/failover.md#restart).
+	switch {
+	case node.DeletionTimestamp != nil:
+		n.Leaving = topology.LeavingDeleting
+	case node.Spec.Unschedulable:
+		n.Leaving = topology.LeavingCordoned
+	}
 	return r
 }
 

@@ -216,6 +216,28 @@ func TestConvertNode(t *testing.T) {
 			rejected: []string{"status.addresses=InvalidEndpoint"},
 		},
 		{
+			name: "cordoned (kubectl cordon, a drain's first step)",
+			node: testNode("n", nil, func(n *corev1.Node) { n.Spec.Unschedulable = true }),
+			check: func(t *testing.T, n topology.Node) {
+				if n.Leaving != topology.LeavingCordoned {
+					t.Fatalf("leaving %q, want %q", n.Leaving, topology.LeavingCordoned)
+				}
+			},
+		},
+		{
+			name: "being deleted",
+			node: testNode("n", nil, func(n *corev1.Node) {
+				n.Spec.Unschedulable = true
+				ts := metav1.Now()
+				n.DeletionTimestamp = &ts
+			}),
+			check: func(t *testing.T, n topology.Node) {
+				if n.Leaving != topology.LeavingDeleting {
+					t.Fatalf("leaving %q, want %q", n.Leaving, topology.LeavingDeleting)
+				}
+			},
+		},
+		{
 			// Kilo routes spec.podCIDR only: the second family of a
 			// dual-stack node is not part of the mesh.
 			name: "dual-stack: spec.podCIDR only, as Kilo",

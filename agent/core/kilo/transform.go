@@ -53,7 +53,7 @@ func stripMeta(in *metav1.ObjectMeta, keepLabels bool) metav1.ObjectMeta {
 }
 
 // TransformNode strips a *corev1.Node to what ConvertNode needs: labels,
-// kilo.squat.ai/* and meshlet.io/* annotations, pod CIDRs, ExternalIP
+// kilo.squat.ai/* and meshlet.io/* annotations, pod CIDRs, unschedulable, ExternalIP
 // addresses and the Ready condition (status and reason only).
 func TransformNode(obj interface{}) (interface{}, error) { return Limits{}.TransformNode(obj) }
 
@@ -74,6 +74,7 @@ func (l Limits) TransformNode(obj interface{}) (interface{}, error) {
 		out.Annotations[topology.AnnotationAllowedLocationIPs], _ = firstEntries(v, l.AllowedLocationIPs+1)
 	}
 	out.Spec.PodCIDR = n.Spec.PodCIDR
+	out.Spec.Unschedulable = n.Spec.Unschedulable
 	if n.Spec.PodCIDRs != nil {
 		out.Spec.PodCIDRs = append([]string(nil), n.Spec.PodCIDRs...)
 	}

@@ -26,7 +26,7 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 	// The Lease: this node's part, and whether it must not lead.
 	judged := failover.Judge(self.Health, snap.Now, topology.PublishedTunnels(snap))
 	decision := failover.Decide(failover.Input{Lease: snap.Lease, Now: snap.Now, Settings: set, Self: self.Name,
-		SelfNode: local.Self, Segment: local.SelfSegment, Endpoint: host.Endpoint, Nodes: snap.Nodes, Judgement: judged})
+		SelfNode: local.Self, Segment: local.SelfSegment, Endpoint: host.Endpoint, Nodes: snap.Nodes, Judgement: judged, Leaving: self.Leaving})
 	if decision.Veto {
 		local = local.WithoutLeader(self.Name)
 	}

@@ -143,6 +143,10 @@ type Self struct {
 	// agent leaves it empty and advertises what it discovers now
 	// (docs/kilo-compatibility.md#own-address).
 	Advertised string
+	// Leaving, when set, is why this node's agent stops for good (its
+	// DaemonSet is gone, say): it hands its location's Lease over before it
+	// exits (docs/failover.md#restart).
+	Leaving string
 }
 
 // CNIState is the CNI configuration list as the agent read it: the
@@ -151,6 +155,12 @@ type CNIState struct {
 	Subnet netip.Prefix
 	Err    string
 }
+
+// Why a node is going away (Node.Leaving).
+const (
+	LeavingCordoned = "NodeCordoned"
+	LeavingDeleting = "NodeDeleting"
+)
 
 // Node is one Kubernetes node as the planner needs it, already parsed from
 // its annotations (see agent/kilo). Malformed annotations never reach here.
@@ -192,6 +202,11 @@ type Node struct {
 	// Degraded is meshlet.io/degraded: why the node may not lead now ("" =
 	// it may).
 	Degraded string
+	// Leaving is why the node is going away (NodeCordoned: spec.unschedulable,
+	// a drain's first step; NodeDeleting: a deletion timestamp), "" when it
+	// is not: its holder hands the location's Lease over at once
+	// (docs/failover.md#restart).
+	Leaving string
 	// Heard is when this agent last saw the node's last-seen change, on
 	// this agent's clock; HeardChange is false while it has only seen the
 	// first value (remote nodes only: zero = judge last-seen against the

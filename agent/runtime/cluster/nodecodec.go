@@ -25,7 +25,8 @@ import (
 // into a corev1.Node allocates tens of kilobytes that the transform
 // (kilo.TransformNode) throws away at once. This codec reads the protobuf
 // wire format and decodes only the metadata (every label and annotation:
-// the reflector reads its bookmarks' annotations), spec.podCIDR(s), the
+// the reflector reads its bookmarks' annotations), spec.podCIDR(s) and
+// spec.unschedulable, the
 // ExternalIP addresses and the first Ready condition (type, status,
 // reason): what TransformNode keeps. Anything else (other kinds, JSON) is
 // decoded as usual.
@@ -409,6 +410,8 @@ func decodeNodeSpec(b []byte, s *corev1.NodeSpec) error {
 		switch f.num {
 		case 1:
 			s.PodCIDR = string(f.bytes)
+		case 4:
+			s.Unschedulable = f.varint != 0
 		case 7:
 			s.PodCIDRs = append(s.PodCIDRs, string(f.bytes))
 		}

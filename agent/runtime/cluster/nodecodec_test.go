@@ -28,7 +28,7 @@ func codecNodes() []*corev1.Node {
 			Finalizers:    []string{"example.com/x"},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: "Update", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{}}`)}},
 		},
-		Spec: corev1.NodeSpec{PodCIDR: "10.1.2.0/24", PodCIDRs: []string{"10.1.2.0/24", "fd00::/64"}, ProviderID: "hcloud://1",
+		Spec: corev1.NodeSpec{PodCIDR: "10.1.2.0/24", PodCIDRs: []string{"10.1.2.0/24", "fd00::/64"}, ProviderID: "hcloud://1", Unschedulable: true,
 			Taints: []corev1.Taint{{Key: "x", Effect: corev1.TaintEffectNoSchedule}}},
 		Status: corev1.NodeStatus{
 			Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8")},

@@ -73,6 +73,10 @@ type Config struct {
 	// (docs/failover.md); LeaseDuration and LeaseRenew its timing.
 	LeaderElection            bool
 	LeaseDuration, LeaseRenew time.Duration
+	// LeaseRestartGrace: a holder stopping for a restart stretches its
+	// Lease to this, so its next process resumes it (0: it just stops
+	// renewing; docs/failover.md#restart).
+	LeaseRestartGrace time.Duration
 	// HealthProbeInterval is how often leaders probe their tunnels and
 	// nodes their underlay gateway (0: never).
 	HealthProbeInterval time.Duration
@@ -175,6 +179,7 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.LeaderElection, "leader-election", true, "elect each location's leader with a Lease where every node of it runs meshlet: failover in seconds, a degraded leader steps aside (false: Kilo's rule alone)")
 	fs.DurationVar(&c.LeaseDuration, "leader-lease-duration", 3*time.Second, "how long a location's leader that stopped renewing its Lease is presumed alive (whole seconds)")
 	fs.DurationVar(&c.LeaseRenew, "leader-lease-renew", time.Second, "how often a location's leader renews its Lease")
+	fs.DurationVar(&c.LeaseRestartGrace, "leader-restart-grace", 30*time.Second, "how long a location's leader stopping for a restart (SIGTERM, its node not going away) keeps its Lease for its next agent (whole seconds; 0: the Lease expires after --leader-lease-duration)")
 	fs.BoolVar(&c.InsecureKubeconfigExec, "insecure-kubeconfig-exec", false, "let remote clusters' kubeconfig Secrets run exec credential plugins (the command runs as root on every segment leader; default: such kubeconfigs are refused, as are auth providers and file paths)")
 	d := kilo.DefaultLimits
 	fs.IntVar(&c.MaxPeerAllowedIPs, "max-peer-allowed-ips", d.PeerAllowedIPs, "a Peer with more spec.allowedIPs is rejected (0: no limit; docs/kilo-compatibility.md#limits)")
@@ -311,6 +316,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LeaderElection && (c.LeaseRenew <= 0 || c.LeaseRenew >= c.LeaseDuration) {
 		bad("leader-lease-renew", "%v must be above 0 and below --leader-lease-duration (%v)", c.LeaseRenew, c.LeaseDuration)
+	}
+	if c.LeaderElection && c.LeaseRestartGrace != 0 && (c.LeaseRestartGrace < c.LeaseDuration || c.LeaseRestartGrace%time.Second != 0) {
+		bad("leader-restart-grace", "%v must be 0 or whole seconds, at least --leader-lease-duration (%v)", c.LeaseRestartGrace, c.LeaseDuration)
 	}
 	for _, l := range []struct {
 		flag string

@@ -99,6 +99,8 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--resync-period=1ms"}, "--resync-period"},
 		{[]string{"--leader-lease-duration=1500ms"}, "--leader-lease-duration"},
 		{[]string{"--leader-lease-renew=3s"}, "--leader-lease-renew"},
+		{[]string{"--leader-restart-grace=2s"}, "--leader-restart-grace"},
+		{[]string{"--leader-restart-grace=4500ms"}, "--leader-restart-grace"},
 		{[]string{"--health-probe-interval=1ms"}, "--health-probe-interval"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

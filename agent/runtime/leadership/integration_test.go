@@ -220,6 +220,41 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	failWrites.Store("x-2", false)
 	poll(t, ctx, "x-2 holding after the API answers again", func() bool { h, _ := get(); return h == "x-2" })
 
+	// 6. x-2's agent stops for a restart (docs/failover.md#restart): its
+	// last renewal stretches the Lease to the grace, which a candidate
+	// that starts meanwhile reads as the holder's duration; the node's
+	// next agent (the same identity) resumes the Lease with the usual one.
+	follow("x-2", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	if ok, err := cands["x-2"].e.Suspend(ctx, 10*time.Second); !ok || err != nil {
+		t.Fatalf("Suspend = %v, %v; want the held Lease stretched", ok, err)
+	}
+	l, err := admin.CoordinationV1().Leases("kilo-system").Get(ctx, lease, metav1.GetOptions{})
+	if err != nil || *l.Spec.HolderIdentity != "x-2" || *l.Spec.LeaseDurationSeconds != 10 || l.Annotations[AnnotationRestarting] == "" {
+		t.Fatalf("Lease after Suspend: %+v, %v; want x-2's, 10 s, a restart note", l, err)
+	}
+	mu.Lock()
+	dead["x-2"] = true
+	mu.Unlock()
+	cands["x-2"].cancel()
+	c1 := &Elector{Client: agentFor("x-1"), Namespace: "kilo-system", Identity: "x-1", Log: log.With("node", "x-1")}
+	c1.Start(ctx)
+	c1.Watch(lease)
+	poll(t, ctx, "a new candidate's view", func() bool { return c1.Synced() && c1.State().Holder == "x-2" })
+	if st := c1.State(); st.Duration != 10*time.Second {
+		t.Errorf("a candidate presumes the restarting holder alive for %v, want the 10 s grace", st.Duration)
+	}
+	back := &Elector{Client: agentFor("x-2"), Namespace: "kilo-system", Identity: "x-2", Log: log.With("node", "x-2")}
+	back.Start(ctx)
+	back.Watch(lease)
+	poll(t, ctx, "x-2's next agent renewing with the usual duration", func() bool {
+		l, err := admin.CoordinationV1().Leases("kilo-system").Get(ctx, lease, metav1.GetOptions{})
+		return err == nil && *l.Spec.HolderIdentity == "x-2" && *l.Spec.LeaseDurationSeconds == int32(DefaultDuration/time.Second) &&
+			l.Annotations[AnnotationRestarting] == ""
+	})
+	if !back.Held() {
+		t.Error("x-2's next agent does not hold the Lease it resumed")
+	}
+
 	// Role history: a leader from when its run started, then not.
 	e := &Elector{}
 	t0 := time.Now()

@@ -51,6 +51,10 @@ const (
 	AnnotationStepAsides = "meshlet.io/step-asides"
 	// AnnotationReleased: who released the Lease last, and why.
 	AnnotationReleased = "meshlet.io/released"
+	// AnnotationRestarting: the holder's agent stopped for a restart at
+	// this time (RFC 3339) and stretched the Lease's duration to the
+	// restart grace, so its next process resumes it (docs/failover.md#restart).
+	AnnotationRestarting = "meshlet.io/restarting"
 )
 
 // Reasons of a leader change (meshlet_leader_changes_total, Events).
@@ -102,6 +106,13 @@ type Elector struct {
 	freeSince time.Time // when rec was seen free (or absent)
 	renewedAt time.Time // this node's last successful renewal
 	stepAside *topology.StepAside
+	// leaving: the step-aside of a node going away was reported (it does
+	// not cool down, so it is not a stepAside).
+	leaving bool
+	// suspend: the restart grace the next renewal writes, then renewals
+	// stop (Suspend); suspended is closed once it was written.
+	suspend   time.Duration
+	suspended chan struct{}
 	held      bool
 	roles     []Role
 	leading   bool
@@ -379,6 +390,11 @@ func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, 
 	if l.StepAside != "" {
 		e.stepAsideOnce(ctx, *l)
 	}
+	if l.StepAside != failover.ReasonLeaving {
+		e.mu.Lock()
+		e.leaving = false // uncordoned, say: the next one is reported again
+		e.mu.Unlock()
+	}
 	if e.Metrics != nil {
 		for _, r := range []string{failover.ReasonWireGuardDegraded, failover.ReasonGatewayUnreachable} {
 			v := 0.0
@@ -422,11 +438,20 @@ func (e *Elector) recordRole(leader, applied bool, started time.Time) {
 func (e *Elector) stepAsideOnce(ctx context.Context, l topology.Leadership) {
 	now := e.clock().Now()
 	e.mu.Lock()
-	if e.stepAside != nil && now.Before(e.stepAside.At.Add(failover.StepAsideCoolDown)) {
+	switch {
+	case l.StepAside == failover.ReasonLeaving:
+		// Going away is no fault of the node's: no cool-down to record.
+		if e.leaving {
+			e.mu.Unlock()
+			return
+		}
+		e.leaving = true
+	case e.stepAside != nil && now.Before(e.stepAside.At.Add(failover.StepAsideCoolDown)):
 		e.mu.Unlock()
 		return
+	default:
+		e.stepAside = &topology.StepAside{Reason: l.StepAside, At: now}
 	}
-	e.stepAside = &topology.StepAside{Reason: l.StepAside, At: now}
 	e.mu.Unlock()
 	e.log().LogAttrs(ctx, slog.LevelWarn, "giving leadership of the location up",
 		slog.String("location", l.Location), slog.String("reason", l.StepAside), slog.String("lease", e.Namespace+"/"+l.Lease))
@@ -443,6 +468,8 @@ func stepAsideWhy(reason string) string {
 		return "its underlay gateway stopped answering"
 	case failover.ReasonWireGuardDegraded:
 		return "its tunnels to the other leaders are dead while theirs to each other are alive"
+	case failover.ReasonLeaving:
+		return "its node is going away (cordoned, being deleted, or its agent stops for good)"
 	}
 	return reason
 }
@@ -520,6 +547,40 @@ func jsonPointer(s string) string {
 	return string(out)
 }
 
+// Suspend keeps this node's Lease across a restart of its agent
+// (docs/failover.md#restart): if it holds the Lease, one last renewal
+// writes grace as the Lease's duration, so the candidates presume the
+// holder alive that long and the next process of this node (the same
+// identity) resumes the Lease with the usual duration; then the elector
+// stops renewing. It reports whether the Lease was held and suspended.
+func (e *Elector) Suspend(ctx context.Context, grace time.Duration) (bool, error) {
+	e.mu.Lock()
+	if e.ctx == nil || !e.held || holderOf(e.rec) != e.Identity || grace < time.Second {
+		e.mu.Unlock()
+		return false, nil
+	}
+	done := make(chan struct{})
+	e.suspend, e.suspended = grace, done
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case <-done:
+		return true, nil
+	case <-ctx.Done():
+		e.mu.Lock()
+		e.suspend = 0 // stays suspended: no renewal after this
+		e.mu.Unlock()
+		return false, fmt.Errorf("stretching the location Lease for the restart: %w", ctx.Err())
+	}
+}
+
+// Held reports whether this node holds its location's Lease as last seen.
+func (e *Elector) Held() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held && holderOf(e.rec) == e.Identity
+}
+
 // run acts on the Lease: renew while held, take it when free for long
 // enough, give it up when told.
 func (e *Elector) run(ctx context.Context) {
@@ -572,6 +633,12 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		return time.Time{}
 	}
 	held := holderOf(rec) == e.Identity
+	suspend := e.suspend
+	if e.suspended != nil && suspend == 0 {
+		// Suspended: the next process renews.
+		e.mu.Unlock()
+		return time.Time{}
+	}
 	var act action
 	var due time.Time
 	reason := ""
@@ -581,7 +648,7 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	case held && (in == nil || in.Hold || in.Lease == name && in.Candidate):
 		// Before the first plan a restarted holder keeps its Lease.
 		due = e.renewedAt.Add(e.Renew)
-		if !e.renewedAt.IsZero() && now.Before(due) {
+		if !e.renewedAt.IsZero() && now.Before(due) && suspend == 0 {
 			break
 		}
 		act = renew
@@ -620,7 +687,17 @@ func (e *Elector) step(ctx context.Context) time.Time {
 
 	switch act {
 	case renew:
-		stamp := func(l *coordinationv1.Lease) { e.stamp(l, now, false) }
+		stamp := func(l *coordinationv1.Lease) {
+			e.stamp(l, now, false)
+			if suspend > 0 {
+				secs := int32(suspend / time.Second)
+				l.Spec.LeaseDurationSeconds = &secs
+				if l.Annotations == nil {
+					l.Annotations = map[string]string{}
+				}
+				l.Annotations[AnnotationRestarting] = now.UTC().Format(time.RFC3339)
+			}
+		}
 		err := e.write(ctx, name, rec, stamp)
 		if apierrors.IsConflict(err) {
 			// The Lease changed since this node last saw it — often its own
@@ -637,6 +714,10 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		}
 		e.mu.Lock()
 		e.renewedAt = now
+		if suspend > 0 && e.suspend == suspend {
+			e.suspend = 0
+			close(e.suspended)
+		}
 		e.mu.Unlock()
 		e.setHeld(true)
 		return now.Add(e.Renew)
@@ -742,6 +823,7 @@ func (e *Elector) stamp(l *coordinationv1.Lease, now time.Time, take bool) {
 		l.Spec.LeaseTransitions = &n
 	}
 	l.Spec.HolderIdentity, l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &id, &t, &secs
+	delete(l.Annotations, AnnotationRestarting) // back: the usual duration again
 	setStepAsides(l, now, nil)
 }
 
@@ -755,6 +837,7 @@ func (e *Elector) giveUp(l *coordinationv1.Lease, now time.Time, reason string) 
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[AnnotationReleased] = e.Identity + " (" + reason + ")"
+	delete(l.Annotations, AnnotationRestarting)
 	var add *topology.StepAside
 	if reason == failover.ReasonWireGuardDegraded || reason == failover.ReasonGatewayUnreachable {
 		add = &topology.StepAside{Reason: reason, At: now}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -26,12 +27,26 @@ import (
 // When a new agent follows (a rolling update, a restart), everything stays
 // and traffic flows on.
 
-// Leaving reports whether the node is left, and why.
+// Leaving reports whether the node is left, and why. Once judged as the
+// agent stopped (stopping), the same judgement is returned.
 func (a *Agent) Leaving(ctx context.Context) (bool, string) {
+	if l := a.left; l != nil {
+		return l.leaving, l.why
+	}
+	leaving, why, ok := a.judgeLeaving(ctx)
+	if ok {
+		a.left = &leftJudgement{leaving: leaving, why: why}
+	}
+	return leaving, why
+}
+
+// judgeLeaving is Leaving's judgement; ok is false when the API did not
+// answer what it needs.
+func (a *Agent) judgeLeaving(ctx context.Context) (leaving bool, why string, ok bool) {
 	if a.opts.Grants.On(grants.Lifecycle) {
 		leaving, why, err := a.daemonSetLeaves(ctx)
 		if err == nil {
-			return leaving, why
+			return leaving, why, true
 		}
 		a.opts.Log.Warn("could not read this agent's DaemonSet; judging from what else the API says", "error", err)
 	}
@@ -41,14 +56,20 @@ func (a *Agent) Leaving(ctx context.Context) (bool, string) {
 		metav1.CreateOptions{})
 	switch {
 	case apierrors.IsUnauthorized(err):
-		return true, "its credentials are gone (ServiceAccount deleted)"
+		return true, "its credentials are gone (ServiceAccount deleted)", true
 	case err == nil && !r.Status.Allowed:
-		return true, "its RBAC is gone"
+		return true, "its RBAC is gone", true
+	case err != nil:
+		return false, "the API did not say: " + err.Error(), false
 	}
-	if _, err := a.client.Discovery().ServerResourcesForGroupVersion("kilo.squat.ai/v1alpha1"); apierrors.IsNotFound(err) {
-		return true, "Kilo's Peer CRD is gone"
+	_, err = a.client.Discovery().ServerResourcesForGroupVersion("kilo.squat.ai/v1alpha1")
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, "Kilo's Peer CRD is gone", true
+	case err != nil:
+		return false, "the API did not say: " + err.Error(), false
 	}
-	return false, "no sign of an uninstall (grant list on pods and get on daemonsets to tell for sure: docs/dropin.md#grants)"
+	return false, "no sign of an uninstall (grant list on pods and get on daemonsets to tell for sure: docs/dropin.md#grants)", true
 }
 
 // daemonSetLeaves finds this agent's pod on this node (by its
@@ -158,4 +179,90 @@ func (a *Agent) Depart(ctx context.Context, host Cleaner, dev Forgetter, deleteI
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// How long the agent, stopping, waits for its hand-over or its Lease's
+// last renewal (well inside a pod's default 30 s termination grace).
+const (
+	handOverTimeout = 5 * time.Second
+	suspendTimeout  = 3 * time.Second
+)
+
+// stopping decides, as the agent stops while this node holds its
+// location's Lease, what becomes of it (docs/failover.md#restart): a node
+// going away — its Node cordoned, being deleted or not Ready (the kubelet
+// shutting the node down), or the agent's DaemonSet gone or no longer
+// running here — hands it over at once: the planner steps it aside (the
+// device role down first), the Lease is released and the next candidate
+// takes it. Any other stop is a restart (a rolling update or a deleted pod
+// brings the agent back on this node; the Lease's holder is the node, so
+// the next process resumes it): the Lease is stretched to
+// --leader-restart-grace so nobody takes it meanwhile.
+func (a *Agent) stopping(ctx context.Context) {
+	if a.elector == nil || !a.elector.Held() {
+		return
+	}
+	log := a.opts.Log
+	why := a.goingAway(ctx)
+	if why == "" {
+		grace := a.opts.Config.LeaseRestartGrace
+		if grace <= 0 {
+			return
+		}
+		sctx, cancel := context.WithTimeout(ctx, suspendTimeout)
+		defer cancel()
+		ok, err := a.elector.Suspend(sctx, grace)
+		switch {
+		case err != nil:
+			log.Warn("could not keep the location Lease for the restart: the next candidate takes it once it expires", "error", err)
+		case ok:
+			log.Info("keeping the location Lease for the agent that follows", "grace", grace)
+		}
+		return
+	}
+	log.Info("this node is going away: handing the location Lease over", "why", why)
+	a.leaving.Store(&why)
+	a.Loop.Notify(time.Time{})
+	t := a.opts.Clock.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	deadline := a.opts.Clock.Now().Add(handOverTimeout)
+	for a.elector.Held() {
+		if !a.opts.Clock.Now().Before(deadline) {
+			log.Warn("the location Lease was not handed over (no other candidate, or the API did not answer): it expires", "waited", handOverTimeout)
+			return
+		}
+		<-t.C()
+	}
+}
+
+// goingAway says why this node goes away ("" = it does not: a restart).
+// The Node is read afresh (a list: kg's grants have no get on nodes): the
+// kubelet marks it not Ready just before it stops the pods, and the watch
+// may not have delivered that yet; the informer's copy when the API does
+// not answer.
+func (a *Agent) goingAway(ctx context.Context) string {
+	lctx, cancel := context.WithTimeout(ctx, suspendTimeout)
+	defer cancel()
+	n := a.Local.SelfNode()
+	if l, err := a.client.CoreV1().Nodes().List(lctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", a.opts.Node).String()}); err == nil && len(l.Items) == 1 {
+		n = &l.Items[0]
+	}
+	if n != nil {
+		switch {
+		case n.DeletionTimestamp != nil:
+			return "its Node is being deleted"
+		case n.Spec.Unschedulable:
+			return "its Node is cordoned"
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionFalse {
+				return "its Node is not Ready (" + c.Reason + "): the node is shutting down or failing"
+			}
+		}
+	}
+	leaving, why := a.Leaving(lctx)
+	if leaving {
+		return why
+	}
+	return ""
 }

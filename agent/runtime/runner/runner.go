@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -115,6 +116,16 @@ type Agent struct {
 	prober  *health.Prober
 	events  record.EventBroadcaster
 	client  kubernetes.Interface
+	// leaving is why this node goes away, once the agent stopping found
+	// it so (leavingSelf hands it to the planner).
+	leaving atomic.Pointer[string]
+	// left is Leaving's judgement, once made as the agent stopped.
+	left *leftJudgement
+}
+
+type leftJudgement struct {
+	leaving bool
+	why     string
 }
 
 // New assembles the agent.
@@ -238,6 +249,7 @@ func (a *Agent) failover(recorder record.EventRecorder) {
 			NodeUID:  func(n string) (types.UID, bool) { return a.Local.UID("Node", "", n) },
 			Recorder: recorder, Metrics: lm, Notify: loop.Notify, Log: o.Log, Clock: o.Clock}
 		loop.Snapshots = &leaseSource{Snapshotter: loop.Snapshots, elector: a.elector, local: a.Local, settings: o.Config.Settings()}
+		loop.Self = &leavingSelf{SelfSource: loop.Self, why: &a.leaving}
 		follow = append(follow, a.elector)
 	}
 	if o.Config.HealthProbeInterval > 0 {
@@ -293,6 +305,20 @@ func (h *healthSelf) Self(ctx context.Context) (topology.Self, error) {
 	return s, err
 }
 
+// leavingSelf adds to this node's facts why it goes away, once known.
+type leavingSelf struct {
+	reconcile.SelfSource
+	why *atomic.Pointer[string]
+}
+
+func (l *leavingSelf) Self(ctx context.Context) (topology.Self, error) {
+	s, err := l.SelfSource.Self(ctx)
+	if w := l.why.Load(); w != nil {
+		s.Leaving = *w
+	}
+	return s, err
+}
+
 // followers hands every plan to each of the leadership parts.
 type followers []reconcile.Leadership
 
@@ -333,8 +359,12 @@ func (a *Agent) SelfAnnotations() map[string]string {
 }
 
 // Run runs the agent until ctx ends. The data plane is left in place.
+// When ctx ends while this node holds its location's Lease, the agent
+// first hands the Lease over if its node is going away, or stretches it
+// over the restart (stopping; docs/failover.md#restart).
 func (a *Agent) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+	stop := ctx
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	// Events are written in the background, never in the loop's way.
 	a.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
@@ -356,8 +386,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if len(a.opts.Grants.Off()) > 0 {
 		go a.watchGrants(ctx, regranted)
 	}
-	if !a.Local.WaitForSync(ctx) {
-		return ctx.Err()
+	if !a.Local.WaitForSync(stop) {
+		return stop.Err()
 	}
 	a.opts.Log.Info("local caches synced", "node", a.opts.Node)
 	loop := make(chan error, 1)
@@ -365,6 +395,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	select {
 	case err := <-loop:
 		return err
+	case <-stop.Done():
+		a.stopping(ctx)
+		cancel()
+		return <-loop
 	case on := <-regranted:
 		cancel()
 		if err := <-loop; err != nil {
