@@ -134,6 +134,8 @@ spec:
         - {name: xtables-lock, mountPath: /run/xtables.lock, readOnly: false}
 `, kubeMount)
 	if s.cni {
+		// kg writes the pod CIDR into the conflist install-cni wrote.
+		b.WriteString("        - {name: cni-conf-dir, mountPath: /etc/cni/net.d}\n")
 		fmt.Fprintf(&b, `      initContainers:
       - name: install-cni
         image: %s
@@ -204,6 +206,7 @@ func kgShapes() []kgShape {
 		{
 			name: "kilo-kubeadm (Kilo as the CNI)", namespace: "kube-system",
 			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true, cni: true,
+			prepare: withoutLaneCNI,
 		},
 	}
 }
@@ -243,6 +246,26 @@ func flannelVXLAN(ctx context.Context, l *Lane) error {
 			if err := run(append([]string{"ip", "-n", n.NS}, c...)...); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// withoutLaneCNI removes the lane's pod network (bridge cni0, which holds
+// each node's pod subnet's first address, as kube-bridge will) once the
+// earlier shapes' pods are gone: Kilo as the CNI is installed on nodes
+// that run no other CNI.
+func withoutLaneCNI(ctx context.Context, l *Lane) error {
+	cs := kubernetes.NewForConfigOrDie(l.Config("admin"))
+	if err := poll(ctx, 2*time.Minute, "earlier pods gone", func() (bool, error) {
+		p, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		return err == nil && len(p.Items) == 0, err
+	}); err != nil {
+		return err
+	}
+	for _, n := range l.Nodes() {
+		if err := run("ip", "-n", n.NS, "link", "del", "cni0"); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -356,6 +379,9 @@ func hostState(ctx context.Context, l *Lane, n *Node) []string {
 	}
 	out, _ := exec.CommandContext(ctx, "ip", "-n", n.NS, "route", "show", "table", "all").Output()
 	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "proto kernel") || strings.Contains(line, "table local") || strings.HasPrefix(line, "multicast") {
+			continue
+		}
 		if strings.Contains(line, "kilo0") || strings.HasPrefix(line, podCIDRBase) && !strings.HasPrefix(line, n.PodCIDR) {
 			left = append(left, "route "+line)
 		}
@@ -396,13 +422,18 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 	}
 	file := filepath.Join(dir, id+"-kilo.yaml")
 	must("manifest", os.WriteFile(file, []byte(s.manifest(image1, fmt.Sprintf(inClusterKubeconfig, cpIP, apiPort))), 0o644))
-	logs := filepath.Join(dir, id+"-logs")
-	defer func() {
-		// What the agents said, for the report and a failure's diagnosis.
-		out, _ := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/name=kilo", "--all-containers", "--prefix", "--tail=40")
-		_ = os.WriteFile(logs, []byte(out), 0o644)
+	// What the agents said, for the report and a failure's diagnosis,
+	// read while they run.
+	agentLogs := func() {
+		out, _ := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/name=kilo", "--all-containers", "--prefix", "--tail=60")
+		_ = os.WriteFile(filepath.Join(dir, id+"-logs"), []byte(out), 0o644)
 		if t.Failed() {
 			t.Logf("OUTPUT agents' logs:\n%s", out)
+		}
+	}
+	defer func() {
+		if t.Failed() {
+			agentLogs()
 		}
 	}()
 	start := time.Now()
@@ -508,6 +539,7 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 		return err == nil && r.received > 0, err
 	}))
 
+	agentLogs()
 	// The uninstall: kubectl delete -f of the manifest (its ServiceAccount
 	// and RBAC go first, then the DaemonSet), and what each node keeps.
 	for _, n := range nodes {
