@@ -30,7 +30,7 @@ func repoFile(rel string) string {
 // dashboard's queries against it.
 //
 // Two clusters, one node per location, every node a leader. Keepalives
-// (docs/wireguard.md, the README's keepalive precedence): a-x1's
+// (docs/wireguard.md, docs/architecture.md#keepalive): a-x1's
 // annotation gives its peers 250 s, b-z1's gives its peers 2 s, a-y1 and
 // b-w1 have none. So:
 //   - b-z1 → a-x1 (keepalive 2, allowed 197 s) is cut off (UDP dropped at

@@ -18,7 +18,7 @@ import (
 // status` inside a node reads its running agent; `meshlet diagnose` checks
 // the cluster and its remote cluster through the ClusterMesh Secrets and
 // fails (exit status 1) when the remote API server is down; `meshlet graph`
-// draws the mesh. The outputs are logged for README.
+// draws the mesh. The outputs are logged for docs/operating.md.
 func TestOperate(t *testing.T) {
 	env, ctx := newEnv(t)
 	must(t, env.Build(ctx, harness.TwoByTwo()))

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -153,6 +154,84 @@ func TestChartGolden(t *testing.T) {
 	golden(t, "default.yaml", helm(t, "template", "meshlet", "chart", "--namespace", ns))
 }
 
+// TestChartCapabilities: privileged=false (docs/security.md#capabilities)
+// as a user sees it (golden, with the child device and with the sidecar),
+// and where /dev/net/tun goes: into the container that runs the userspace
+// device, nowhere with kernel WireGuard or when privileged.
+func TestChartCapabilities(t *testing.T) {
+	render := func(set ...string) []byte {
+		args := []string{"template", "meshlet", "chart", "--namespace", ns, "--show-only", "templates/daemonset.yaml"}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		return helm(t, args...)
+	}
+	golden(t, "capabilities.yaml", render("privileged=false"))
+	golden(t, "capabilities-sidecar.yaml", render("privileged=false", "wireguard.sidecar=true"))
+	for _, tc := range []struct {
+		set []string
+		// container -> its capabilities added ("privileged" when it is),
+		// and whether it mounts /dev/net/tun
+		want map[string]string
+		tun  string // the container mounting /dev/net/tun, "" none
+	}{
+		{nil, map[string]string{"meshlet": "privileged"}, ""},
+		{[]string{"wireguard.sidecar=true"}, map[string]string{"meshlet": "privileged", "wireguard": "privileged"}, ""},
+		{[]string{"privileged=false"}, map[string]string{"meshlet": "NET_ADMIN,NET_RAW"}, "meshlet"},
+		{[]string{"privileged=false", "wireguard.mode=userspace"}, map[string]string{"meshlet": "NET_ADMIN,NET_RAW"}, "meshlet"},
+		{[]string{"privileged=false", "wireguard.sidecar=true"}, map[string]string{"meshlet": "NET_ADMIN,NET_RAW", "wireguard": "NET_ADMIN"}, "wireguard"},
+		{[]string{"privileged=false", "wireguard.mode=kernel"}, map[string]string{"meshlet": "NET_ADMIN,NET_RAW"}, ""},
+	} {
+		ds := find(decode(t, render(tc.set...)), "DaemonSet", "meshlet")
+		var spec corev1.PodSpec
+		m, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
+		b, _ := yaml.Marshal(m)
+		if err := yaml.Unmarshal(b, &spec); err != nil {
+			t.Fatal(err)
+		}
+		got, tun := map[string]string{}, ""
+		for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+			sc := c.SecurityContext
+			switch {
+			case sc == nil || sc.Privileged == nil:
+				got[c.Name] = "no privileged field"
+			case *sc.Privileged:
+				got[c.Name] = "privileged"
+			default:
+				var add []string
+				for _, a := range sc.Capabilities.Add {
+					add = append(add, string(a))
+				}
+				got[c.Name] = strings.Join(add, ",")
+				if len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+					sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+					t.Errorf("%v: %s: securityContext %+v", tc.set, c.Name, sc)
+				}
+			}
+			for _, vm := range c.VolumeMounts {
+				if vm.MountPath == "/dev/net/tun" {
+					tun += c.Name
+				}
+			}
+			if c.Name == "meshlet" && !mounts(c, "status", "/run/meshlet") {
+				t.Errorf("%v: the agent does not mount the status volume at /run/meshlet", tc.set)
+			}
+		}
+		if !reflect.DeepEqual(got, tc.want) || tun != tc.tun {
+			t.Errorf("%v: containers %v, /dev/net/tun in %q; want %v, %q", tc.set, got, tun, tc.want, tc.tun)
+		}
+	}
+}
+
+func mounts(c corev1.Container, volume, path string) bool {
+	for _, vm := range c.VolumeMounts {
+		if vm.Name == volume && vm.MountPath == path {
+			return true
+		}
+	}
+	return false
+}
+
 // TestChartLabels: every object carries Helm's and Kubernetes' recommended
 // labels; the DaemonSet's selector stays app.kubernetes.io/name alone (it
 // cannot change on upgrade).
@@ -248,6 +327,7 @@ func TestChartValues(t *testing.T) {
 	check("extraEnv", env["GODEBUG"] == "madvdontneed=1" && env["KUBERNETES_SERVICE_PORT"] == "7445", env)
 	check("resources", c.Resources.Requests.Cpu().String() == "20m", c.Resources)
 	check("mtu", strings.Contains(strings.Join(c.Args, " "), "--mtu=1380"), c.Args)
+	check("privileged=false", c.SecurityContext != nil && c.SecurityContext.Privileged != nil && !*c.SecurityContext.Privileged, c.SecurityContext)
 	pm := find(objs, "PodMonitor", "meshlet")
 	eps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
 	ep := eps[0].(map[string]any)

@@ -194,7 +194,7 @@ func toStrings(in []any) []string {
 }
 
 func TestHelmLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"--set", "wireguard.sidecar=true,monitoring.podMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.grafanaDashboard.enabled=true,apiServer.host=127.0.0.1,apiServer.port=7445"}} {
+	for _, set := range [][]string{nil, {"--set", "wireguard.sidecar=true,privileged=false,monitoring.podMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.grafanaDashboard.enabled=true,apiServer.host=127.0.0.1,apiServer.port=7445"}} {
 		out := helm(t, append([]string{"lint", "--strict", "chart"}, set...)...)
 		if !bytes.Contains(out, []byte("0 chart(s) failed")) || bytes.Contains(out, []byte("[WARNING]")) || bytes.Contains(out, []byte("[ERROR]")) {
 			t.Errorf("helm lint %v:\n%s", set, out)

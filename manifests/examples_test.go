@@ -46,8 +46,10 @@ func TestExamplesCoherent(t *testing.T) {
 	if n, err := kilo.ParsePersistentKeepalive(a[topology.AnnotationPersistentKeepalive]); err != nil || n <= 0 {
 		t.Errorf("persistent-keepalive %q: %d, %v", a[topology.AnnotationPersistentKeepalive], n, err)
 	}
-	if _, ok := a[topology.AnnotationLeader]; !ok {
-		t.Errorf("Talos patch has no %s", topology.AnnotationLeader)
+	// A user's leader annotation pins the location's leader and turns Lease
+	// failover off there (docs/failover.md): the example must not set it.
+	if v, ok := a[topology.AnnotationLeader]; ok {
+		t.Errorf("Talos patch sets %s=%q, which turns Lease failover off", topology.AnnotationLeader, v)
 	}
 
 	var kiloPatch struct {

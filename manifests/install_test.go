@@ -45,7 +45,7 @@ func kiloPeerCRD(t *testing.T) *unstructured.Unstructured {
 	return &crd
 }
 
-// TestInstallKeepsKiloObjects installs meshlet as the README says, with
+// TestInstallKeepsKiloObjects installs meshlet as manifests/README.md says, with
 // kubectl and helm, on an API server that enforces Pod Security baseline
 // (Talos) and already holds Kilo's Helm-owned Peer CRD, a Peer, and a
 // kilo-system namespace with someone else's Secret (Cozystack with

@@ -52,6 +52,9 @@ type Host struct {
 
 	iptMu sync.Mutex
 	ipt   map[family]iptablesClient
+
+	sysctlMu    sync.Mutex
+	sysctlNoted map[string]string // sysctls left as the host has them, logged once
 }
 
 // New opens a Host. Close it when done.

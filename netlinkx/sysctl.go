@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Sysctl is one /proc/sys setting.
@@ -77,11 +78,19 @@ func (h *Host) EnsureSysctls(ctx context.Context, want []Sysctl) ([]string, erro
 				errs = append(errs, fmt.Errorf("netlinkx: read sysctl %s: %w", s.Key, err))
 				continue
 			}
-			if strings.TrimSpace(string(b)) == s.Value {
+			cur := strings.TrimSpace(string(b))
+			if cur == s.Value {
 				continue
 			}
 			if err := os.WriteFile(p, []byte(s.Value), 0o644); err != nil {
-				errs = append(errs, fmt.Errorf("netlinkx: set sysctl %s=%s: %w", s.Key, s.Value, err))
+				if readOnly(err) && serves(s, cur) {
+					h.noteSysctl(s.Key, cur)
+					continue
+				}
+				if readOnly(err) {
+					err = fmt.Errorf("%w (/proc/sys is read-only in a container that is not privileged: set %s=%s on the host, docs/security.md#capabilities)", err, s.Key, s.Value)
+				}
+				errs = append(errs, fmt.Errorf("netlinkx: set sysctl %s=%s (now %s): %w", s.Key, s.Value, cur, err))
 				continue
 			}
 			changed = append(changed, s.Key)
@@ -89,6 +98,38 @@ func (h *Host) EnsureSysctls(ctx context.Context, want []Sysctl) ([]string, erro
 		return errors.Join(errs...)
 	})
 	return changed, err
+}
+
+// serves reports whether a sysctl's current value does what want is for,
+// when want cannot be written: loose reverse-path filtering (kilo0's 2) is
+// wanted to avoid strict mode, and off (0) avoids it too. Every other value
+// must be the one wanted. Pure.
+func serves(want Sysctl, current string) bool {
+	if current == want.Value {
+		return true
+	}
+	return strings.HasSuffix(want.Key, ".rp_filter") && want.Value == rpFilterLoose && current == rpFilterOff
+}
+
+// readOnly: the write was refused because /proc/sys is mounted read-only
+// (a container that is not privileged) or the process may not write it.
+func readOnly(err error) bool {
+	return errors.Is(err, syscall.EROFS) || errors.Is(err, fs.ErrPermission)
+}
+
+// noteSysctl logs once per key and value that a sysctl meshlet would set is
+// left as the host has it.
+func (h *Host) noteSysctl(key, value string) {
+	h.sysctlMu.Lock()
+	defer h.sysctlMu.Unlock()
+	if h.sysctlNoted == nil {
+		h.sysctlNoted = map[string]string{}
+	}
+	if v, ok := h.sysctlNoted[key]; ok && v == value {
+		return
+	}
+	h.sysctlNoted[key] = value
+	h.log.Info("sysctl left as the host set it: /proc/sys is read-only here, and its value serves", "sysctl", key, "value", value)
 }
 
 // ReadSysctl returns a sysctl's value in the Host's namespace.

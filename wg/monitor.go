@@ -76,7 +76,8 @@ func (o WatchOptions) withDefaults() WatchOptions {
 //     every Backstop;
 //   - else (kernel WireGuard, a userspace device someone else runs) every
 //     Interval or, on a large device, as often as ReadShare allows: a
-//     removed peer is back within that period (README, "Scale");
+//     removed peer is back within that period
+//     (docs/performance.md#drift-how-it-is-found-and-its-bound);
 //   - every SessionInterval while peers with a SessionProbe are applied,
 //     for the half-dead session rule (session.go), which the same read
 //     serves.

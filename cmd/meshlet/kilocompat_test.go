@@ -409,8 +409,8 @@ func TestKiloCompat(t *testing.T) {
 				}
 				return
 			}
-			if !strings.Contains(string(doc), "{#"+c.Deviation+"}") {
-				t.Errorf("deviation %q has no section {#%s} in docs/kilo-compatibility.md", c.Deviation, c.Deviation)
+			if !strings.Contains(string(doc), `<a id="`+c.Deviation+`"></a>`) {
+				t.Errorf("deviation %q has no section anchored <a id=%q></a> in docs/kilo-compatibility.md", c.Deviation, c.Deviation)
 			}
 			var reasons []string
 			for _, r := range pl.Rejections {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -201,7 +202,8 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	// Someone editing kilo0's peers (`wg set ... peer X remove`) raises no
 	// netlink event: the userspace device meshlet hosts reports it on its
 	// change feed, other devices are read periodically (wg.Manager.Watch,
-	// README "Scale"). The same reads watch the sessions to kg-run peers.
+	// docs/performance.md#drift-how-it-is-found-and-its-bound). The same
+	// reads watch the sessions to kg-run peers.
 	drift := mgr.Watch(ctx, wg.WatchOptions{
 		Interval: driftInterval, Backstop: driftBackstop, SessionInterval: sessionInterval, FastInterval: sessionFastInterval,
 		Sessions: cfg.RepairSessions, Probe: sessionProbe, Clock: clk,
@@ -226,8 +228,14 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		return err
 	}
 	if cfg.StatusSocket != "" {
-		if err := agent.ServeStatus(ctx, cfg.StatusSocket); err != nil {
+		// /status is for the operator; a node that cannot serve it (a
+		// read-only /run without a volume there) still meshes. A second
+		// agent on the node is another matter: it must not start.
+		if err := agent.ServeStatus(ctx, cfg.StatusSocket); errors.Is(err, runner.ErrStatusSocketBusy) {
 			return err
+		} else if err != nil {
+			log.Error("status socket unavailable: meshlet status on this node will not answer (mount a writable directory there, e.g. an emptyDir)",
+				"socket", cfg.StatusSocket, "error", err)
 		}
 	}
 	running = true

@@ -489,6 +489,12 @@ func TestNodeLane(t *testing.T) {
 		})
 	})
 
+	// 4. The capability-only mode, privileged=false (capability_test.go).
+	capl := &capLane{ctx: ctx, t: t, lane: lane, cs: cs, chart: fromRegistry(cur.ChartVersion), pinger: pinger, target: target}
+	step("capability-only, child device", capl.capabilityMode(false))
+	step("capability-only, sidecar", capl.capabilityMode(true))
+	step("capability-only, no forwarding", capl.missingPrerequisite)
+
 	step("helm uninstall keeps Kilo's objects", func() error {
 		if _, err := lane.Helm(ctx, "uninstall", "meshlet", "--namespace", kiloNS, "--wait"); err != nil {
 			return err

@@ -85,7 +85,7 @@ type Cluster struct {
 	WireguardPort int `json:"wireguardPort,omitempty"`
 	// PersistentKeepalive in seconds, 0–65535, 0 = off (the later
 	// operator's form has none: the nodes' keepalive annotations then
-	// decide, README "Keepalive precedence").
+	// decide, docs/architecture.md#keepalive).
 	PersistentKeepalive int `json:"persistentKeepalive,omitempty"`
 	// KubeconfigSecretRef names the Secret (same namespace) holding a
 	// kubeconfig for the cluster; required for remote entries.

@@ -1,10 +1,10 @@
 package runner
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -38,7 +38,7 @@ func TestListenUnix(t *testing.T) {
 			t.Errorf("%s: mode %v, %v; want %v", p, fi.Mode().Perm(), err, want)
 		}
 	}
-	if _, err := ListenUnix(path); err == nil || !strings.Contains(err.Error(), "another process serves it") {
+	if _, err := ListenUnix(path); !errors.Is(err, ErrStatusSocketBusy) {
 		t.Errorf("a live socket was taken over: %v", err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)

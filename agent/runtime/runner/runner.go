@@ -478,6 +478,10 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 	return nil
 }
 
+// ErrStatusSocketBusy is ListenUnix's answer when another process serves
+// the socket: a second agent on the node, which must not start.
+var ErrStatusSocketBusy = errors.New("another process serves the status socket (a second meshlet on this node? --status-socket sets the path)")
+
 // ListenUnix listens on a unix socket at path, readable by its owner only:
 // a missing directory is created 0700, a stale socket (nobody answers on
 // it) replaced.
@@ -491,7 +495,7 @@ func ListenUnix(path string) (net.Listener, error) {
 		}
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			_ = c.Close()
-			return nil, fmt.Errorf("status socket %s: another process serves it (a second meshlet on this node? --status-socket sets the path)", path)
+			return nil, fmt.Errorf("status socket %s: %w", path, ErrStatusSocketBusy)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("removing the stale status socket: %w", err)

@@ -81,3 +81,44 @@ when there are none.
 {{- end }}
 {{- if $names }}{{ $names | uniq | toJson }}{{ end }}
 {{- end }}
+
+{{/*
+The securityContext of the agent's container, (list . "agent"), and of the
+userspace device's sidecar, (list . "wireguard"). privileged: true, as
+Kilo's kg; privileged: false is the capability-only mode
+(docs/security.md#capabilities): the agent keeps NET_ADMIN (links, routes,
+rules, WireGuard, iptables) and NET_RAW (its ICMP probes, iptables-legacy),
+the sidecar NET_ADMIN (the TUN link), nothing else; no privilege escalation,
+the runtime's default seccomp profile.
+*/}}
+{{- define "meshlet.securityContext" -}}
+{{- $ctx := index . 0 -}}
+{{- if $ctx.Values.privileged -}}
+privileged: true
+runAsUser: 0
+readOnlyRootFilesystem: true
+{{- else -}}
+privileged: false
+allowPrivilegeEscalation: false
+runAsUser: 0
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+  add: {{ if eq (index . 1) "agent" }}[NET_ADMIN, NET_RAW]{{ else }}[NET_ADMIN]{{ end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+{{- end -}}
+
+{{/*
+Which container gets the host's /dev/net/tun: in the capability-only mode
+with a userspace device possible (the sidecar, or wireguard.mode auto or
+userspace), the
+container that runs the device ("wireguard", the sidecar, or "agent", the
+child device); "" otherwise. A privileged container sees the host's /dev.
+*/}}
+{{- define "meshlet.tunMount" -}}
+{{- if and (not .Values.privileged) (or .Values.wireguard.sidecar (ne .Values.wireguard.mode "kernel")) -}}
+{{ if .Values.wireguard.sidecar }}wireguard{{ else }}agent{{ end }}
+{{- end -}}
+{{- end -}}
