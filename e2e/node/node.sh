@@ -14,6 +14,12 @@
 #   invisible to containerd).
 # - private /var/lib, /var/log and /run: hostPath volumes (/var/lib/meshlet,
 #   /run/xtables.lock) and kubelet's state land in DIR, not on the host.
+# - overlays on the host's /etc, /opt and /usr/lib (/lib is usr/lib): hostPath
+#   volumes under them (Kilo's /etc/cni/net.d, /opt/cni/bin, /lib/modules;
+#   containerd creates a missing hostPath) are written in DIR, never on the
+#   host. The node's /etc/cni/net.d is DIR/cni (containerd's conf_dir), its
+#   /opt/cni/bin is /usr/lib/cni (containerd's bin_dir), so what Kilo's
+#   install-cni writes there is what containerd runs.
 # - cgroup v1 (this machine): each hierarchy gets a /NAME parent (kubelet's
 #   cgroupRoot); cpuset needs its cpus and mems copied down.
 set -euo pipefail
@@ -23,6 +29,14 @@ mkdir -p "$dir/cgsave" "$dir/priv/var-lib" "$dir/priv/var-log" "$dir/priv/run"
 mount --rbind /sys/fs/cgroup "$dir/cgsave"
 mount -t sysfs sysfs /sys
 mount --rbind "$dir/cgsave" /sys/fs/cgroup
+for d in etc opt usr/lib; do
+	o="$dir/priv/overlay/${d//\//-}"
+	mkdir -p "$o/upper" "$o/work"
+	mount -t overlay overlay -o "lowerdir=/$d,upperdir=$o/upper,workdir=$o/work" "/$d"
+done
+mkdir -p /etc/cni/net.d /opt/cni/bin "$dir/cni"
+mount --bind "$dir/cni" /etc/cni/net.d
+mount --bind /usr/lib/cni /opt/cni/bin
 mount --bind "$dir/priv/var-lib" /var/lib
 mount --bind "$dir/priv/var-log" /var/log
 mount --bind "$dir/priv/run" /run

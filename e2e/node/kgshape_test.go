@@ -1,0 +1,585 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// kgShape is one of the DaemonSets kg runs in, written as Kilo's manifests
+// and Cozystack's cozy-kilo chart write it
+// (../shared/kilo-compat/manifest-shapes.md), with meshlet's image.
+type kgShape struct {
+	name      string
+	namespace string
+	// kubeconfig: the ConfigMap kg's kubeconfig comes from, its key, and
+	// whether it is mounted as a directory at /etc/kubernetes (Typhoon,
+	// Cozystack) or by subPath at /etc/kubernetes/kubeconfig (kubeadm).
+	kubeconfigCM, kubeconfigKey string
+	subPath                     bool
+	args                        []string // after --kubeconfig and --hostname
+	cni                         bool     // Kilo as the CNI: install-cni and ConfigMap kilo
+	// prepare sets the nodes up as the shape's CNI would (flannel.1).
+	prepare func(ctx context.Context, l *Lane) error
+	// skip, when not "", is why the shape cannot run here.
+	skip string
+}
+
+// kiloCNIConf is what Kilo's ConfigMap kilo holds under cni-conf.json: a
+// bridge kube-bridge with host-local IPAM without a range (kg fills in the
+// node's pod CIDR) and portmap.
+const kiloCNIConf = `{"cniVersion":"0.4.0","name":"kilo","plugins":[
+ {"name":"kubernetes","type":"bridge","bridge":"kube-bridge","isDefaultGateway":true,"forceAddress":true,"mtu":1420,"ipam":{"type":"host-local"}},
+ {"type":"portmap","snat":true,"capabilities":{"portMappings":true}}]}`
+
+// installCNI is the install-cni init container's script: the plugins to the
+// host, the conflist written, every other file of the directory removed.
+const installCNI = `set -e -x; cp /opt/cni/bin/* /host/opt/cni/bin/; TMP_CONF="$CNI_CONF_NAME".tmp; echo "$CNI_NETWORK_CONFIG" > $TMP_CONF; rm -f /host/etc/cni/net.d/*; cp $TMP_CONF /host/etc/cni/net.d/$CNI_CONF_NAME; rm -f $TMP_CONF;`
+
+// manifest is the shape's objects in the order Kilo's manifests list them
+// (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet), so that
+// `kubectl delete -f` of it is the uninstall a user does. Only the image is
+// meshlet's.
+func (s kgShape) manifest(image, kubeconfig string) string {
+	var b strings.Builder
+	ns := s.namespace
+	indent := func(text, pre string) string {
+		return pre + strings.ReplaceAll(strings.TrimSpace(text), "\n", "\n"+pre)
+	}
+	fmt.Fprintf(&b, `apiVersion: v1
+kind: ConfigMap
+metadata: {name: %s, namespace: %s}
+data:
+  %s: |
+%s
+`, s.kubeconfigCM, ns, s.kubeconfigKey, indent(kubeconfig, "    "))
+	if s.cni {
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: kilo, namespace: %s, labels: {app.kubernetes.io/name: kilo}}
+data:
+  cni-conf.json: |
+%s
+`, ns, indent(kiloCNIConf, "    "))
+	}
+	fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: kilo, namespace: %[1]s}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: kilo}
+rules:
+- {apiGroups: [""], resources: [nodes], verbs: [list, patch, watch]}
+- {apiGroups: [kilo.squat.ai], resources: [peers], verbs: [list, watch]}
+- {apiGroups: [apiextensions.k8s.io], resources: [customresourcedefinitions], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: kilo}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: kilo}
+subjects: [{kind: ServiceAccount, name: kilo, namespace: %[1]s}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: kilo
+  namespace: %[1]s
+  labels: {app.kubernetes.io/name: kilo, app.kubernetes.io/part-of: kilo}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: kilo, app.kubernetes.io/part-of: kilo}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: kilo, app.kubernetes.io/part-of: kilo}
+    spec:
+      serviceAccountName: kilo
+      hostNetwork: true
+      containers:
+      - name: kilo
+        image: %[2]s
+        args:
+        - --kubeconfig=/etc/kubernetes/kubeconfig
+        - --hostname=$(NODE_NAME)
+`, ns, image)
+	for _, a := range s.args {
+		fmt.Fprintf(&b, "        - %s\n", a)
+	}
+	kubeMount := "{name: kubeconfig, mountPath: /etc/kubernetes, readOnly: true}"
+	if s.subPath {
+		kubeMount = fmt.Sprintf("{name: kubeconfig, mountPath: /etc/kubernetes/kubeconfig, subPath: %s, readOnly: true}", s.kubeconfigKey)
+	}
+	fmt.Fprintf(&b, `        env:
+        - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+        - {name: NODE_IP, valueFrom: {fieldRef: {fieldPath: status.hostIP}}}
+        ports: [{containerPort: 1107, name: metrics}]
+        securityContext: {privileged: true}
+        volumeMounts:
+        - {name: kilo-dir, mountPath: /var/lib/kilo}
+        - %s
+        - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
+        - {name: xtables-lock, mountPath: /run/xtables.lock, readOnly: false}
+`, kubeMount)
+	if s.cni {
+		// kg writes the pod CIDR into the conflist install-cni wrote.
+		b.WriteString("        - {name: cni-conf-dir, mountPath: /etc/cni/net.d}\n")
+		fmt.Fprintf(&b, `      initContainers:
+      - name: install-cni
+        image: %s
+        command: [/bin/sh, -c, '%s']
+        env:
+        - {name: CNI_CONF_NAME, value: 10-kilo.conflist}
+        - {name: CNI_NETWORK_CONFIG, valueFrom: {configMapKeyRef: {name: kilo, key: cni-conf.json}}}
+        volumeMounts:
+        - {name: cni-bin-dir, mountPath: /host/opt/cni/bin}
+        - {name: cni-conf-dir, mountPath: /host/etc/cni/net.d}
+`, image, installCNI)
+	}
+	fmt.Fprintf(&b, `      tolerations:
+      - {effect: NoSchedule, operator: Exists}
+      - {effect: NoExecute, operator: Exists}
+      volumes:
+      - {name: kilo-dir, hostPath: {path: /var/lib/kilo}}
+      - {name: kubeconfig, configMap: {name: %s}}
+      - {name: lib-modules, hostPath: {path: /lib/modules}}
+      - {name: xtables-lock, hostPath: {path: /run/xtables.lock, type: FileOrCreate}}
+`, s.kubeconfigCM)
+	if s.cni {
+		b.WriteString(`      - {name: cni-bin-dir, hostPath: {path: /opt/cni/bin}}
+      - {name: cni-conf-dir, hostPath: {path: /etc/cni/net.d}}
+`)
+	}
+	return b.String()
+}
+
+// inClusterKubeconfig is the kubeconfig of Typhoon's and Cozystack's
+// ConfigMap kubeconfig-in-cluster (kubeadm's kube-proxy ConfigMap holds
+// the same): the pod's ServiceAccount token and CA, the API server's
+// address (no kube-proxy here, so not the Service's).
+const inClusterKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://%s:%d
+    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+users:
+- name: service-account
+  user:
+    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+contexts:
+- context: {cluster: local, user: service-account}
+  name: default
+current-context: default
+`
+
+// kgShapes are the shapes the lane runs, in this order: Kilo as the CNI
+// replaces the lane's own CNI configuration, so it runs last.
+func kgShapes() []kgShape {
+	return []kgShape{
+		{
+			name: "cozy-kilo (cilium)", namespace: "cozy-kilo",
+			kubeconfigCM: "kubeconfig-in-cluster", kubeconfigKey: "kubeconfig",
+			args: []string{"--cni=false", "--compatibility=cilium", "--encapsulate=crosssubnet", "--local=false",
+				"--mesh-granularity=cross", "--subnet=10.4.0.0/16", "--mtu=auto", "--internal-cidr=$(NODE_IP)/32",
+				"--clean-up-interface=true"},
+		},
+		{
+			name: "kilo-kubeadm-flannel", namespace: "kube-system",
+			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true,
+			args:    []string{"--cni=false", "--compatibility=flannel", "--local=false", "--internal-cidr=$(NODE_IP)/32"},
+			prepare: flannelVXLAN,
+		},
+		{
+			name: "kilo-kubeadm (Kilo as the CNI)", namespace: "kube-system",
+			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true, cni: true,
+			prepare: withoutLaneCNI,
+		},
+	}
+}
+
+// flannelVXLAN sets up flannel.1 on every node as flanneld's vxlan backend
+// does (VNI 1, port 8472, nolearning, the pod subnet's network address as
+// its /32, a static neighbour and FDB entry per other node); flanneld itself
+// is not built here. flanneld's route to every other node's pod subnet is
+// left out: with each node a location of its own Kilo routes those subnets
+// through WireGuard.
+func flannelVXLAN(ctx context.Context, l *Lane) error {
+	nodes := l.Nodes()
+	mac := func(n *Node) string { return fmt.Sprintf("0a:58:0a:fb:%02x:00", n.Index) }
+	for _, n := range nodes {
+		gw := strings.TrimSuffix(n.PodCIDR, "/24")
+		cmds := [][]string{
+			{"link", "add", "flannel.1", "address", mac(n), "type", "vxlan", "id", "1", "local", n.IP, "dev", "eth0", "dstport", "8472", "nolearning"},
+			{"addr", "add", gw + "/32", "dev", "flannel.1"},
+			{"link", "set", "flannel.1", "up"},
+		}
+		for _, o := range nodes {
+			if o == n {
+				continue
+			}
+			ogw := strings.TrimSuffix(o.PodCIDR, "/24")
+			cmds = append(cmds,
+				[]string{"neigh", "replace", ogw, "lladdr", mac(o), "dev", "flannel.1", "nud", "permanent"},
+				[]string{"fdb", "append", mac(o), "dev", "flannel.1", "dst", o.IP})
+		}
+		for _, c := range cmds {
+			if c[0] == "fdb" {
+				if err := run(append([]string{"ip", "netns", "exec", n.NS, "bridge"}, c...)...); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := run(append([]string{"ip", "-n", n.NS}, c...)...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// withoutLaneCNI removes the lane's pod network (bridge cni0, which holds
+// each node's pod subnet's first address, as kube-bridge will) once the
+// earlier shapes' pods are gone: Kilo as the CNI is installed on nodes
+// that run no other CNI.
+func withoutLaneCNI(ctx context.Context, l *Lane) error {
+	cs := kubernetes.NewForConfigOrDie(l.Config("admin"))
+	if err := poll(ctx, 2*time.Minute, "earlier pods gone", func() (bool, error) {
+		p, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		return err == nil && len(p.Items) == 0, err
+	}); err != nil {
+		return err
+	}
+	for _, n := range l.Nodes() {
+		if err := run("ip", "-n", n.NS, "link", "del", "cni0"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestKgShapes runs meshlet's image in kg's own DaemonSets, only the image
+// changed, on real kubelets (README.md, "kg's DaemonSets").
+func TestKgShapes(t *testing.T) {
+	if os.Getenv("MESHLET_DIST") == "" {
+		t.Skip("MESHLET_DIST is not set: make e2e-node runs this lane")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network, mount and cgroup namespaces, kubelet, containerd")
+	}
+	cur, err := CurrentRelease(env(t, "MESHLET_DIST"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins := Bins{K8s: env(t, "MESHLET_K8S_BIN"), Node: env(t, "MESHLET_NODE_BIN"), Tools: env(t, "MESHLET_TOOLS_BIN")}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "meshlet-e2e-kgshape-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := NewLane(dir, bins, t.Logf)
+	t.Cleanup(func() {
+		lane.Teardown()
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		} else {
+			t.Logf("logs kept in %s", dir)
+		}
+	})
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("network", lane.Network(2))
+	must("pki", lane.PKI())
+	must("control plane", lane.ControlPlane(ctx))
+	cs := kubernetes.NewForConfigOrDie(lane.Config("admin"))
+	must("images", pushImages(ctx, t, lane, cur.ImageTar, dir))
+	for _, n := range lane.Nodes() {
+		must("kubelet "+n.Name, lane.StartNode(ctx, n, ""))
+		must("node Ready", waitNodeReady(ctx, cs, n.Name, 2*time.Minute))
+		// The pod CIDR by hand (no node IPAM here); a location per node and
+		// its endpoint, as a user annotates them.
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{"kilo.squat.ai/location":"loc-%d","kilo.squat.ai/force-endpoint":"%s:51820"}},"spec":{"podCIDR":"%s","podCIDRs":["%s"]}}`,
+			n.Index, n.IP, n.PodCIDR, n.PodCIDR)
+		_, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		must("node patch", err)
+	}
+	// Kilo's Peer CRD (meshlet's copy is the same CRD); Cozystack's
+	// namespace, privileged as its platform namespaces are (the lane
+	// enforces baseline outside kube-system, as Talos does).
+	_, err = lane.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(repoRoot(t), "manifests", "crds", "peers.kilo.squat.ai.yaml"))
+	must("Peer CRD", err)
+	_, err = lane.Kubectl(ctx, "create", "namespace", "cozy-kilo")
+	must("namespace", err)
+	_, err = lane.Kubectl(ctx, "label", "namespace", "cozy-kilo", "pod-security.kubernetes.io/enforce=privileged")
+	must("namespace label", err)
+	for i, s := range kgShapes() {
+		s := s
+		t.Run(s.name, func(t *testing.T) {
+			if s.skip != "" {
+				t.Skip(s.skip)
+			}
+			runKgShape(ctx, t, lane, cs, s, fmt.Sprintf("s%d", i), dir)
+		})
+	}
+}
+
+// kiloPods waits for one Ready pod of the shape's DaemonSet per node, all
+// running image.
+func kiloPods(ctx context.Context, cs kubernetes.Interface, ns, image string, want int) ([]corev1.Pod, error) {
+	var pods []corev1.Pod
+	err := poll(ctx, 4*time.Minute, "kilo pods "+image+" Ready", func() (bool, error) {
+		l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kilo"})
+		if err != nil {
+			return false, err
+		}
+		pods = pods[:0]
+		var state []string
+		for _, p := range l.Items {
+			state = append(state, fmt.Sprintf("%s %s ready=%v %s restarts=%d", p.Name, p.Spec.Containers[0].Image, podReady(p), p.Status.Phase, restarts(p)))
+			if p.Spec.Containers[0].Image == image && podReady(p) && p.DeletionTimestamp == nil {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == want && len(l.Items) == want, fmt.Errorf("pods: %s", strings.Join(state, "; "))
+	})
+	return pods, err
+}
+
+// nodeKey is kg's key file on the node (hostPath /var/lib/kilo, the node's
+// private /var/lib).
+func nodeKey(n *Node) string {
+	b, _ := os.ReadFile(filepath.Join(n.Dir, "priv", "var-lib", "kilo", "key"))
+	return string(b)
+}
+
+// hostState is what a node holds of the mesh: kilo0, routes to other nodes'
+// pod subnets, non-default rules, iptables chains of Kilo's or meshlet's.
+func hostState(ctx context.Context, l *Lane, n *Node) []string {
+	var left []string
+	if err := run("ip", "-n", n.NS, "link", "show", "kilo0"); err == nil {
+		left = append(left, "kilo0")
+	}
+	out, _ := exec.CommandContext(ctx, "ip", "-n", n.NS, "route", "show", "table", "all").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "proto kernel") || strings.Contains(line, "table local") || strings.HasPrefix(line, "multicast") {
+			continue
+		}
+		if strings.Contains(line, "kilo0") || strings.HasPrefix(line, podCIDRBase) && !strings.HasPrefix(line, n.PodCIDR) {
+			left = append(left, "route "+line)
+		}
+	}
+	out, _ = exec.CommandContext(ctx, "ip", "-n", n.NS, "rule").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] != "0:" && f[0] != "32766:" && f[0] != "32767:" {
+			left = append(left, "rule "+line)
+		}
+	}
+	for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+		out, _ = exec.CommandContext(ctx, "ip", "netns", "exec", n.NS, save).Output()
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, ":") && (strings.Contains(line, "KILO") || strings.Contains(line, "MESHLET")) {
+				left = append(left, save+" chain "+strings.Fields(line)[0])
+			}
+		}
+	}
+	return left
+}
+
+// kgAnnotations are the annotations kg publishes on its node (kgctl reads
+// them).
+var kgAnnotations = []string{"kilo.squat.ai/key", "kilo.squat.ai/wireguard-ip", "kilo.squat.ai/endpoint",
+	"kilo.squat.ai/internal-ip", "kilo.squat.ai/last-seen", "kilo.squat.ai/granularity"}
+
+func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Interface, s kgShape, id, dir string) {
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	nodes := lane.Nodes()
+	image1, image2 := "ghcr.io/meshlet/meshlet:e2e1", "ghcr.io/meshlet/meshlet:e2e2"
+	if s.prepare != nil {
+		must("prepare", s.prepare(ctx, lane))
+	}
+	file := filepath.Join(dir, id+"-kilo.yaml")
+	must("manifest", os.WriteFile(file, []byte(s.manifest(image1, fmt.Sprintf(inClusterKubeconfig, cpIP, apiPort))), 0o644))
+	// What the agents said, for the report and a failure's diagnosis,
+	// read while they run.
+	agentLogs := func() {
+		out, _ := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/name=kilo", "--all-containers", "--prefix", "--tail=60")
+		_ = os.WriteFile(filepath.Join(dir, id+"-logs"), []byte(out), 0o644)
+		if t.Failed() {
+			t.Logf("OUTPUT agents' logs:\n%s", out)
+		}
+	}
+	defer func() {
+		if t.Failed() {
+			agentLogs()
+		}
+	}()
+	start := time.Now()
+	_, err := lane.Kubectl(ctx, "apply", "-f", file)
+	must("kubectl apply", err)
+	pods, err := kiloPods(ctx, cs, s.namespace, image1, len(nodes))
+	must("pods Ready", err)
+	for _, p := range pods {
+		t.Logf("RESULT kg-shape %s: pod on %s Ready %.1fs after kubectl apply (restarts %d)", s.name, p.Spec.NodeName,
+			readySince(p).Sub(start).Seconds(), restarts(p))
+	}
+	must("annotations", poll(ctx, 2*time.Minute, "kg's annotations", func() (bool, error) {
+		for _, n := range nodes {
+			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, k := range kgAnnotations {
+				if node.Annotations[k] == "" {
+					return false, fmt.Errorf("%s: %s missing", n.Name, k)
+				}
+			}
+			if node.Annotations["kilo.squat.ai/last-seen"] == "" || node.Annotations["meshlet.io/version"] == "" {
+				return false, fmt.Errorf("%s not published by meshlet", n.Name)
+			}
+		}
+		return true, nil
+	}))
+	if s.cni {
+		// The conflist install-cni wrote, with the pod CIDR kg fills in.
+		for _, n := range nodes {
+			must("CNI conflist", poll(ctx, time.Minute, n.Name+" conflist with its pod CIDR", func() (bool, error) {
+				b, err := os.ReadFile(filepath.Join(n.Dir, "cni", "10-kilo.conflist"))
+				return err == nil && strings.Contains(string(b), n.PodCIDR), err
+			}))
+			if _, err := os.Stat(filepath.Join(n.Dir, "cni", "10-bridge.conflist")); err == nil {
+				t.Fatalf("%s: install-cni left the lane's conflist", n.Name)
+			}
+		}
+	}
+	pinger, err := startPingPod(ctx, cs, id+"-pinger", nodes[0].Name)
+	must("ping pod", err)
+	target, err := startPingPod(ctx, cs, id+"-target", nodes[1].Name)
+	must("ping pod", err)
+	defer func() {
+		for _, p := range []string{pinger.Name, target.Name} {
+			_ = cs.CoreV1().Pods("default").Delete(ctx, p, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		}
+	}()
+	if s.cni {
+		// Addresses from Kilo's conflist: host-local's record under its
+		// network name, on kube-bridge.
+		for _, p := range []*corev1.Pod{pinger, target} {
+			n := nodes[0]
+			if p == target {
+				n = nodes[1]
+			}
+			if ip, err := netip.ParseAddr(p.Status.PodIP); err != nil || !netip.MustParsePrefix(n.PodCIDR).Contains(ip) {
+				t.Fatalf("pod %s: address %s not in %s", p.Name, p.Status.PodIP, n.PodCIDR)
+			}
+			if _, err := os.Stat(filepath.Join(n.Dir, "priv", "var-lib", "cni", "networks", "kilo", p.Status.PodIP)); err != nil {
+				t.Fatalf("pod %s's address %s not given by Kilo's conflist: %v", p.Name, p.Status.PodIP, err)
+			}
+		}
+		must("kube-bridge", run("ip", "-n", nodes[0].NS, "link", "show", "kube-bridge"))
+	}
+	must("ping across nodes", poll(ctx, time.Minute, "ping "+target.Status.PodIP, func() (bool, error) {
+		r, err := ping(ctx, lane, pinger.Name, target.Status.PodIP, 3, "0.2")
+		return err == nil && r.received > 0, err
+	}))
+	t.Logf("RESULT kg-shape %s: ping %s(%s) -> %s(%s) answered", s.name, pinger.Spec.NodeName, pinger.Status.PodIP,
+		target.Spec.NodeName, target.Status.PodIP)
+
+	// The rolling update to another tag of meshlet's image, pinging 10/s.
+	keys := map[string]string{}
+	for _, n := range nodes {
+		keys[n.Name] = nodeKey(n)
+		if keys[n.Name] == "" {
+			t.Fatalf("%s: no key in /var/lib/kilo/key", n.Name)
+		}
+	}
+	before, err := readNodeStates(ctx, cs, nodes)
+	must("node states", err)
+	pingDone := pingAsync(ctx, lane, pinger.Name, target.Status.PodIP, 300, "0.1")
+	rollStart := time.Now()
+	_, err = lane.Kubectl(ctx, "set", "image", "-n", s.namespace, "ds/kilo", "kilo="+image2)
+	must("kubectl set image", err)
+	_, err = kiloPods(ctx, cs, s.namespace, image2, len(nodes))
+	rolled := time.Since(rollStart)
+	res := <-pingDone
+	must("rolled pods Ready", err)
+	must("ping during the roll", res.err)
+	t.Logf("RESULT kg-shape %s: rolling update e2e1 -> e2e2: rollout %.1fs; %d/%d pings lost (10/s) over %d gaps %v, longest %s",
+		s.name, rolled.Seconds(), res.sent-res.received, res.sent, len(res.gaps()), res.gaps(), res.longestGap())
+	for _, n := range nodes {
+		if k := nodeKey(n); k != keys[n.Name] {
+			t.Errorf("%s: /var/lib/kilo/key changed over the rolling update", n.Name)
+		}
+	}
+	must("annotations across the roll", checkAcrossVersions(ctx, cs, nodes, before, rollStart))
+	must("ping after the roll", poll(ctx, time.Minute, "ping after the roll", func() (bool, error) {
+		r, err := ping(ctx, lane, pinger.Name, target.Status.PodIP, 3, "0.2")
+		return err == nil && r.received > 0, err
+	}))
+
+	agentLogs()
+	// The uninstall: kubectl delete -f of the manifest (its ServiceAccount
+	// and RBAC go first, then the DaemonSet), and what each node keeps.
+	for _, n := range nodes {
+		t.Logf("RESULT kg-shape %s: %s before the uninstall: %v", s.name, n.Name, hostState(ctx, lane, n))
+	}
+	_, err = lane.Kubectl(ctx, "delete", "-f", file, "--wait")
+	must("kubectl delete", err)
+	must("pods gone", poll(ctx, 2*time.Minute, "kilo pods gone", func() (bool, error) {
+		l, err := cs.CoreV1().Pods(s.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kilo"})
+		return err == nil && len(l.Items) == 0, err
+	}))
+	for _, n := range nodes {
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		must("node", err)
+		var ann []string
+		for k := range node.Annotations {
+			if strings.HasPrefix(k, "kilo.squat.ai/") && k != "kilo.squat.ai/location" && k != "kilo.squat.ai/force-endpoint" || strings.HasPrefix(k, "meshlet.io/") {
+				ann = append(ann, k)
+			}
+		}
+		left := hostState(ctx, lane, n)
+		t.Logf("RESULT kg-shape %s: %s after the uninstall: host %v; annotations %v; key file kept %v", s.name, n.Name, left, ann, nodeKey(n) == keys[n.Name])
+		if len(left) > 0 {
+			t.Errorf("%s: the uninstall left %v on the host", n.Name, left)
+		}
+	}
+	// The next shape starts from nodes without this one's annotations
+	// (an uninstall that cannot remove them leaves them for a user).
+	for _, n := range nodes {
+		var rm []string
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		must("node", err)
+		for k := range node.Annotations {
+			if strings.HasPrefix(k, "meshlet.io/") || strings.HasPrefix(k, "kilo.squat.ai/") && k != "kilo.squat.ai/location" && k != "kilo.squat.ai/force-endpoint" {
+				rm = append(rm, k+"-")
+			}
+		}
+		if len(rm) > 0 {
+			_, err := lane.Kubectl(ctx, append([]string{"annotate", "node", n.Name}, rm...)...)
+			must("annotations removed", err)
+		}
+	}
+}
