@@ -229,9 +229,9 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	}
 	if cfg.StatusSocket != "" {
 		// /status is for the operator; a node that cannot serve it (a
-		// read-only /run without a volume there) still meshes. A second
-		// agent on the node is another matter: it must not start.
-		if err := agent.ServeStatus(ctx, cfg.StatusSocket); errors.Is(err, runner.ErrStatusSocketBusy) {
+		// read-only /run without a volume there) still meshes. A path held
+		// by something else (a second agent, a file) must not be started over.
+		if err := agent.ServeStatus(ctx, cfg.StatusSocket); errors.Is(err, runner.ErrStatusSocketTaken) {
 			return err
 		} else if err != nil {
 			log.Error("status socket unavailable: meshlet status on this node will not answer (mount a writable directory there, e.g. an emptyDir)",

@@ -38,7 +38,7 @@ func TestListenUnix(t *testing.T) {
 			t.Errorf("%s: mode %v, %v; want %v", p, fi.Mode().Perm(), err, want)
 		}
 	}
-	if _, err := ListenUnix(path); !errors.Is(err, ErrStatusSocketBusy) {
+	if _, err := ListenUnix(path); !errors.Is(err, ErrStatusSocketTaken) {
 		t.Errorf("a live socket was taken over: %v", err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)

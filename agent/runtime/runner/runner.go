@@ -536,9 +536,12 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 	return nil
 }
 
-// ErrStatusSocketBusy is ListenUnix's answer when another process serves
-// the socket: a second agent on the node, which must not start.
-var ErrStatusSocketBusy = errors.New("another process serves the status socket (a second meshlet on this node? --status-socket sets the path)")
+// ErrStatusSocketTaken is ListenUnix's answer when something else holds the
+// socket's path: another process serving it (a second agent on the node,
+// which must not start) or a file that is not a socket (a wrong
+// --status-socket). The caller refuses to start on it; other failures (a
+// read-only directory) only cost the operator's /status.
+var ErrStatusSocketTaken = errors.New("status socket path taken")
 
 // ListenUnix listens on a unix socket at path, readable by its owner only:
 // a missing directory is created 0700, a stale socket (nobody answers on
@@ -549,11 +552,11 @@ func ListenUnix(path string) (net.Listener, error) {
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("status socket %s: exists and is not a socket", path)
+			return nil, fmt.Errorf("%w: %s exists and is not a socket", ErrStatusSocketTaken, path)
 		}
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			_ = c.Close()
-			return nil, fmt.Errorf("status socket %s: %w", path, ErrStatusSocketBusy)
+			return nil, fmt.Errorf("%w: another process serves %s (a second meshlet on this node? --status-socket sets the path)", ErrStatusSocketTaken, path)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("removing the stale status socket: %w", err)
