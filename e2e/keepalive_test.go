@@ -88,9 +88,21 @@ func TestPeerKeepaliveBehindNAT(t *testing.T) {
 	_, err = n1.WaitReachable(ctx, laptop.Addr, 20*time.Second)
 	must(t, err)
 	start := time.Now()
-	reached0, map0 := laptopReaches()
+	// WireGuard itself sends one passive keepalive 10 s after the last data
+	// it received (the ping above), which can fall into one flush-and-ping
+	// window and renew the mapping once; a keepalive interval renews it in
+	// every window. So the control passes when any of three windows finds
+	// the mapping gone, and fails only when every one finds it renewed.
+	var reached0 bool
+	var map0 string
+	for try := 0; try < 3; try++ {
+		if reached0, map0 = laptopReaches(); !reached0 {
+			break
+		}
+		t.Logf("control (keepalive 0), window %d: the mapping was renewed (WireGuard's passive keepalive?); router mappings:\n%s", try+1, map0)
+	}
 	if reached0 {
-		t.Errorf("control (keepalive 0): the laptop reached a-n1's pod after the NAT mapping was flushed; router mappings:\n%s", map0)
+		t.Errorf("control (keepalive 0): the laptop reached a-n1's pod after each of 3 NAT flushes; router mappings:\n%s", map0)
 	}
 	if time.Since(start) > 8*time.Second {
 		t.Logf("control took %v: WireGuard's passive keepalive (10 s) may have refreshed the mapping", time.Since(start))
