@@ -158,6 +158,15 @@ func TestFindings(t *testing.T) {
 		}))
 	}
 
+	// remove takes a fault's node out of the mesh and waits until no
+	// finding names it.
+	remove := func(t *testing.T, n *harness.Node) {
+		t.Helper()
+		n.PowerOff()
+		must(t, a.DeleteNode(ctx, n.Name))
+		gone(t, n.Name)
+	}
+
 	healthy(t, "before the faults")
 
 	t.Run("location label, not annotation", func(t *testing.T) {
@@ -189,9 +198,7 @@ func TestFindings(t *testing.T) {
 		must(t, n.Start(ctx))
 		took, f := await(t, start, diagnose.IDDuplicateKey, "nodes a-y1, a-y2", n)
 		report(t, "%s (a-y1, a-y2) detected in %s from a-y2's start: %s", diagnose.IDDuplicateKey, took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
-		n.PowerOff()
-		must(t, a.DeleteNode(ctx, n.Name))
-		gone(t, "a-y2")
+		remove(t, n)
 	})
 
 	t.Run("behind NAT without keepalive", func(t *testing.T) {
@@ -207,9 +214,7 @@ func TestFindings(t *testing.T) {
 		must(t, n.Start(ctx))
 		took, f := await(t, start, diagnose.IDNATNoKeepalive, "node a-n1", nil)
 		report(t, "%s on a-n1 detected in %s from its start: %s", diagnose.IDNATNoKeepalive, took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
-		n.PowerOff()
-		must(t, a.DeleteNode(ctx, n.Name))
-		gone(t, "a-n1")
+		remove(t, n)
 	})
 
 	t.Run("inbound UDP 51820 dropped", func(t *testing.T) {
@@ -229,9 +234,7 @@ func TestFindings(t *testing.T) {
 		took, f := await(t, start, diagnose.IDInboundBlocked, "node a-z1", nil)
 		report(t, "%s on a-z1 (a-z1's and the leaders' counters) detected in %s from its start: %s", diagnose.IDInboundBlocked,
 			took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
-		n.PowerOff()
-		must(t, a.DeleteNode(ctx, n.Name))
-		gone(t, "a-z1")
+		remove(t, n)
 	})
 
 	// leaderOfX is location x's leader now (the label faults above move

@@ -274,16 +274,7 @@ func withoutLaneCNI(ctx context.Context, l *Lane) error {
 // TestKgShapes runs meshlet's image in kg's own DaemonSets, only the image
 // changed, on real kubelets (README.md, "kg's DaemonSets").
 func TestKgShapes(t *testing.T) {
-	if os.Getenv("MESHLET_DIST") == "" {
-		t.Skip("MESHLET_DIST is not set: make e2e-node runs this lane")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network, mount and cgroup namespaces, kubelet, containerd")
-	}
-	cur, err := CurrentRelease(env(t, "MESHLET_DIST"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cur := laneRelease(t)
 	bins := Bins{K8s: env(t, "MESHLET_K8S_BIN"), Node: env(t, "MESHLET_NODE_BIN"), Tools: env(t, "MESHLET_TOOLS_BIN")}
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()

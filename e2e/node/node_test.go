@@ -51,20 +51,28 @@ func env(t *testing.T, name string) string {
 	return v
 }
 
-// TestNodeLane is make e2e-node: README.md says what each step proves.
-func TestNodeLane(t *testing.T) {
+// laneRelease checks what every test of this lane needs (make e2e-node's
+// environment, root) and returns this tree's release (make release's dist/).
+func laneRelease(t *testing.T) Release {
+	t.Helper()
 	if os.Getenv("MESHLET_DIST") == "" {
 		t.Skip("MESHLET_DIST is not set: make e2e-node runs this lane")
 	}
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: network, mount and cgroup namespaces, kubelet, containerd")
 	}
-	// This tree's release (make release's dist/) and the previous one
-	// (hack/release/previous.sh), both installed from the lane's registry.
 	cur, err := CurrentRelease(env(t, "MESHLET_DIST"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cur
+}
+
+// TestNodeLane is make e2e-node: README.md says what each step proves.
+func TestNodeLane(t *testing.T) {
+	// This tree's release and the previous one (hack/release/previous.sh),
+	// both installed from the lane's registry.
+	cur := laneRelease(t)
 	prev, err := PreviousRelease(env(t, "MESHLET_PREVIOUS"))
 	if err != nil {
 		t.Fatal(err)
