@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
@@ -125,6 +126,9 @@ type Loop struct {
 	wake        chan struct{}
 	once        sync.Once
 	sched       schedule
+	// retries spaces the runs that follow failed ones (client-go's
+	// per-item exponential limiter; one item: the node's plan).
+	retries workqueue.TypedRateLimiter[string]
 	// runDone, when set (tests), gets a value after every run of Run has
 	// finished, timers included.
 	runDone chan struct{}
@@ -167,6 +171,7 @@ func (l *Loop) init() {
 			l.Debounce = 100 * time.Millisecond
 		}
 		l.sched.max = l.Debounce
+		l.retries = workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryFirst, retryMax)
 		if l.Resync <= 0 {
 			l.Resync = 30 * time.Second
 		}
@@ -270,6 +275,13 @@ func (s *schedule) done(start, end time.Time, held bool, changes int) {
 	s.ran, s.lastEnd, s.lastTook = true, end, end.Sub(start)
 }
 
+// The backoff of runs after failures (Run).
+const (
+	retryItem  = "plan"
+	retryFirst = time.Second
+	retryMax   = 5 * time.Second
+)
+
 // Run runs the loop until ctx ends. It never tears the data plane down:
 // on shutdown everything stays as it is, so a restart drops no session.
 func (l *Loop) Run(ctx context.Context) error {
@@ -292,10 +304,17 @@ func (l *Loop) Run(ctx context.Context) error {
 		retry = nil
 		start := l.Clock.Now()
 		if err := l.RunOnce(ctx, first); err != nil && ctx.Err() == nil {
-			l.Log.Error("reconcile failed", "error", err)
 			// Retry soon: a transient failure (API server, netlink busy)
-			// should not wait for the resync period.
-			retry = l.Clock.NewTimer(time.Second)
+			// should not wait for the resync period; one that persists is
+			// retried less and less often (1 s doubling up to 5 s), so a
+			// down API server sees no retry storm, and a recovered one is
+			// caught up with within 5 s even when no event says so. A
+			// success resets it.
+			wait := l.retries.When(retryItem)
+			l.Log.Error("reconcile failed", "error", err, "retry", wait, "failures", l.retries.NumRequeues(retryItem))
+			retry = l.Clock.NewTimer(wait)
+		} else {
+			l.retries.Forget(retryItem)
 		}
 		l.sched.done(start, l.Clock.Now(), held, changes)
 		// Re-plan when a node's last-seen ages out (see

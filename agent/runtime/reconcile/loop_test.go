@@ -62,11 +62,18 @@ func (f *fakeWG) Apply(_ context.Context, d topology.Device) (Changes, error) {
 	}
 	f.mu.Lock()
 	f.applied = append(f.applied, d)
+	err := f.err
 	f.mu.Unlock()
 	if f.done != nil {
 		f.done <- d
 	}
-	return Changes{"peer": len(d.Peers)}, f.err
+	return Changes{"peer": len(d.Peers)}, err
+}
+
+func (f *fakeWG) fail(err error) {
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
 }
 
 func (f *fakeWG) runs() int {
@@ -405,6 +412,59 @@ func TestReplansWhenANodeGoesStale(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestFailedRunsBackOff: a run that fails is retried after 1 s, then
+// after twice as long each time it fails again (up to 5 s), never
+// earlier; a success resets the backoff, so the next failure is retried
+// after 1 s again.
+func TestFailedRunsBackOff(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, _, wg, _, clk := newLoop(t, now)
+	wg.fail(errors.New("device busy"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitRun(t, l, wg)
+	// idle with a retry pending: the resync ticker, the re-plan for the
+	// nodes' last-seen and the retry.
+	retrying := func() {
+		t.Helper()
+		eventually(t, "a retry pending", func() bool { return clk.Waiters() == 3 && len(l.wake) == 0 })
+	}
+	retrying()
+	for i, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
+		runs := wg.runs()
+		clk.Step(wait - time.Millisecond)
+		retrying()
+		if wg.runs() != runs {
+			t.Fatalf("failure %d retried before %v", i+1, wait)
+		}
+		if i == 4 {
+			wg.fail(nil)
+		}
+		clk.Step(time.Millisecond)
+		waitRun(t, l, wg)
+		if i < 4 {
+			retrying()
+		}
+	}
+	waitIdle(t, l, clk) // the success left no retry
+	if !l.Ready() {
+		t.Fatal("not ready after a successful run")
+	}
+	wg.fail(errors.New("device busy again"))
+	clk.Step(minWindow)
+	l.Notify(clk.Now())
+	waitRun(t, l, wg)
+	retrying()
+	runs := wg.runs()
+	clk.Step(time.Second)
+	waitRun(t, l, wg)
+	if wg.runs() != runs+1 {
+		t.Fatal("the backoff did not start again at 1 s after a success")
+	}
 }
 
 // TestSchedule: when a run for a change starts, against the runs before.
