@@ -47,10 +47,11 @@ var DefaultSessionPolicy = SessionPolicy{
 	MaxBackoff:   time.Minute,
 }
 
-// sessionLife is WireGuard's REJECT_AFTER_TIME: a session whose last
+// RejectAfterTime is WireGuard's REJECT_AFTER_TIME: a session whose last
 // handshake is older is dead on this side too, and WireGuard handshakes
-// anew by itself on the next packet.
-const sessionLife = 180 * time.Second
+// anew by itself on the next packet (docs/wireguard.md). The one home of
+// the constant: peer health (agent/runtime/metrics) judges with it too.
+const RejectAfterTime = 180 * time.Second
 
 // sessionSample is one reading of a peer's counters.
 type sessionSample struct {
@@ -104,7 +105,7 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 		// packet may have left right after it.
 		st.unanswered = prevAt
 	}
-	if st.unanswered.IsZero() || s.handshake.IsZero() || now.Sub(s.handshake) >= sessionLife {
+	if st.unanswered.IsZero() || s.handshake.IsZero() || now.Sub(s.handshake) >= RejectAfterTime {
 		// Nothing pending, or no session this side believes in: WireGuard
 		// handshakes by itself.
 		return st, sessionOK

@@ -33,8 +33,6 @@ func (h Health) Judged() bool { return h.State == "up" || h.State == "down" || h
 func (h Health) Up() bool { return h.State == "up" }
 
 const (
-	// rejectAfter is WireGuard's REJECT_AFTER_TIME.
-	rejectAfter = 180 * time.Second
 	// handshakeSlack covers the handshake's own retries and jitter.
 	handshakeSlack = 15 * time.Second
 )
@@ -46,9 +44,9 @@ func Judge(p wg.PeerStats, now, first, sent time.Time) Health {
 	var allowed time.Duration
 	switch {
 	case p.PersistentKeepalive > 0:
-		allowed = rejectAfter + p.PersistentKeepalive + handshakeSlack
-	case !sent.IsZero() && now.Sub(sent) < rejectAfter:
-		allowed = rejectAfter + handshakeSlack + now.Sub(sent)
+		allowed = wg.RejectAfterTime + p.PersistentKeepalive + handshakeSlack
+	case !sent.IsZero() && now.Sub(sent) < wg.RejectAfterTime:
+		allowed = wg.RejectAfterTime + handshakeSlack + now.Sub(sent)
 	default:
 		return Health{State: "idle"}
 	}
