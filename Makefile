@@ -34,7 +34,7 @@ TOOLS_BIN     ?= $(shell hack/k8s/ensure.sh tools)
 # kubelet, kube-controller-manager, kube-scheduler (hack/node), for make e2e-node.
 NODE_BIN      ?= $(shell hack/k8s/ensure.sh node)
 
-.PHONY: all build test unit lint bench bench-scale e2e e2e-kernel e2e-node demo image release release-check clean
+.PHONY: all build test unit lint generate bench bench-scale e2e e2e-kernel e2e-node demo image release release-check clean
 
 all: build
 
@@ -54,8 +54,16 @@ unit:
 # (.golangci.yml: govet, staticcheck, errcheck, ineffassign, unused, misspell,
 # bodyclose, nolintlint); actionlint on .github/workflows; helm lint --strict
 # of the chart with its defaults and with every value set.
+# DeepCopy of the kilo.squat.ai types (Peer, ClusterMesh) from their
+# +k8s:deepcopy-gen markers, by k8s.io/code-generator (a tool of go.mod).
+GENERATED_PKGS := ./agent/core/kilo ./agent/core/clustermesh
+generate:
+	$(GO) tool deepcopy-gen --go-header-file hack/gen/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(GENERATED_PKGS)
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	@$(MAKE) --no-print-directory generate >/dev/null
+	@git diff --exit-code --stat -- '*zz_generated.deepcopy.go' || { echo "generated code is stale: run make generate and commit it"; exit 1; }
 	$(TOOLS_BIN)/golangci-lint run $(PKGS)
 	$(TOOLS_BIN)/actionlint
 	$(TOOLS_BIN)/helm lint --strict manifests/chart

@@ -40,6 +40,9 @@ const DefaultWireGuardPort = 51820
 
 // ClusterMesh declares a set of clusters joined into one WireGuard mesh. It
 // is namespaced and has a status subresource.
+//
+// +k8s:deepcopy-gen=true
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ClusterMesh struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -49,6 +52,8 @@ type ClusterMesh struct {
 }
 
 // ClusterMeshSpec lists the clusters of the mesh.
+//
+// +k8s:deepcopy-gen=true
 type ClusterMeshSpec struct {
 	Clusters []Cluster `json:"clusters"`
 }
@@ -63,6 +68,8 @@ type ClusterMeshSpec struct {
 //
 // Numbers are plain ints so that out-of-range values decode and are then
 // rejected with a reason rather than failing the decoding of a whole list.
+//
+// +k8s:deepcopy-gen=true
 type Cluster struct {
 	// Name is a DNS label (≤ 63 characters), unique in the mesh.
 	Name string `json:"name"`
@@ -93,12 +100,16 @@ type Cluster struct {
 }
 
 // SecretKeyRef names one key of a Secret in the ClusterMesh's namespace.
+//
+// +k8s:deepcopy-gen=true
 type SecretKeyRef struct {
 	Name string `json:"name"`
 	Key  string `json:"key"`
 }
 
 // ClusterMeshStatus is written by one elected writer (or the operator).
+//
+// +k8s:deepcopy-gen=true
 type ClusterMeshStatus struct {
 	// ReadyClusters is "ready/remote clusters" (a printer column: kubectl
 	// prints only the first element of a list).
@@ -113,6 +124,8 @@ type ClusterMeshStatus struct {
 // meshlet's are the cluster's leaders it peers with; skipped nodes are the
 // remote nodes rejected); the others are meshlet's watcher's state, which
 // kilo-clustermesh-operator's CRD does not keep.
+//
+// +k8s:deepcopy-gen=true
 type ClusterStatus struct {
 	Name            string `json:"name"`
 	RegisteredPeers int    `json:"registeredPeers"`
@@ -131,111 +144,12 @@ const (
 )
 
 // ClusterMeshList is a list of ClusterMeshes.
+//
+// +k8s:deepcopy-gen=true
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ClusterMeshList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 
 	Items []ClusterMesh `json:"items"`
-}
-
-// DeepCopyInto copies in into out.
-func (in *SecretKeyRef) DeepCopyInto(out *SecretKeyRef) { *out = *in }
-
-// DeepCopyInto copies in into out.
-func (in *Cluster) DeepCopyInto(out *Cluster) {
-	*out = *in
-	if in.AllowedNetworks != nil {
-		out.AllowedNetworks = append([]string(nil), in.AllowedNetworks...)
-	}
-	if in.PodCIDRs != nil {
-		out.PodCIDRs = append([]string(nil), in.PodCIDRs...)
-	}
-	if in.AdditionalCIDRs != nil {
-		out.AdditionalCIDRs = append([]string(nil), in.AdditionalCIDRs...)
-	}
-	if in.KubeconfigSecretRef != nil {
-		r := *in.KubeconfigSecretRef
-		out.KubeconfigSecretRef = &r
-	}
-}
-
-// DeepCopyInto copies in into out.
-func (in *ClusterMeshSpec) DeepCopyInto(out *ClusterMeshSpec) {
-	*out = *in
-	if in.Clusters != nil {
-		out.Clusters = make([]Cluster, len(in.Clusters))
-		for i := range in.Clusters {
-			in.Clusters[i].DeepCopyInto(&out.Clusters[i])
-		}
-	}
-}
-
-// DeepCopyInto copies in into out.
-func (in *ClusterMeshStatus) DeepCopyInto(out *ClusterMeshStatus) {
-	*out = *in
-	if in.Clusters != nil {
-		out.Clusters = append([]ClusterStatus(nil), in.Clusters...)
-	}
-	if in.Conditions != nil {
-		out.Conditions = make([]metav1.Condition, len(in.Conditions))
-		for i := range in.Conditions {
-			in.Conditions[i].DeepCopyInto(&out.Conditions[i])
-		}
-	}
-}
-
-// DeepCopyInto copies in into out.
-func (in *ClusterMesh) DeepCopyInto(out *ClusterMesh) {
-	*out = *in
-	in.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
-	in.Spec.DeepCopyInto(&out.Spec)
-	in.Status.DeepCopyInto(&out.Status)
-}
-
-// DeepCopy returns a copy of in.
-func (in *ClusterMesh) DeepCopy() *ClusterMesh {
-	if in == nil {
-		return nil
-	}
-	out := new(ClusterMesh)
-	in.DeepCopyInto(out)
-	return out
-}
-
-// DeepCopyObject implements runtime.Object.
-func (in *ClusterMesh) DeepCopyObject() runtime.Object {
-	if c := in.DeepCopy(); c != nil {
-		return c
-	}
-	return nil
-}
-
-// DeepCopyInto copies in into out.
-func (in *ClusterMeshList) DeepCopyInto(out *ClusterMeshList) {
-	*out = *in
-	in.ListMeta.DeepCopyInto(&out.ListMeta)
-	if in.Items != nil {
-		out.Items = make([]ClusterMesh, len(in.Items))
-		for i := range in.Items {
-			in.Items[i].DeepCopyInto(&out.Items[i])
-		}
-	}
-}
-
-// DeepCopy returns a copy of in.
-func (in *ClusterMeshList) DeepCopy() *ClusterMeshList {
-	if in == nil {
-		return nil
-	}
-	out := new(ClusterMeshList)
-	in.DeepCopyInto(out)
-	return out
-}
-
-// DeepCopyObject implements runtime.Object.
-func (in *ClusterMeshList) DeepCopyObject() runtime.Object {
-	if c := in.DeepCopy(); c != nil {
-		return c
-	}
-	return nil
 }
