@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -25,7 +26,7 @@ import (
 
 // namedIDs are the findings of issue 22 (agent/core/diagnose/findings.go).
 var namedIDs = []string{diagnose.IDLocationLabel, diagnose.IDTopologyLabel, diagnose.IDDuplicateKey, diagnose.IDNATNoKeepalive,
-	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl}
+	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl, diagnose.IDPeerAdmission}
 
 // findings runs `meshlet diagnose` on cluster c with every running node's
 // `meshlet status -o json` (read on the node, passed with --status-file:
@@ -317,6 +318,37 @@ func TestFindings(t *testing.T) {
 			must(t, a.DeleteNode(ctx, n.Name))
 		}
 		gone(t, "a-c")
+	})
+
+	t.Run("a webhook refusing Peers", func(t *testing.T) {
+		// Kilo's Peer validation webhook as it is when its Deployment is
+		// gone: registered, failing closed, nothing serving it.
+		fail, none := admissionv1.Fail, admissionv1.SideEffectClassNone
+		url := "https://127.0.0.1:1/validate"
+		hook := &admissionv1.ValidatingWebhookConfiguration{
+			ObjectMeta: metav1.ObjectMeta{Name: "kilo-peer-validation"},
+			Webhooks: []admissionv1.ValidatingWebhook{{Name: "peers.kilo.squat.ai",
+				ClientConfig: admissionv1.WebhookClientConfig{URL: &url},
+				Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+					Rule: admissionv1.Rule{APIGroups: []string{"kilo.squat.ai"}, APIVersions: []string{"v1alpha1"}, Resources: []string{"peers"}}}},
+				FailurePolicy: &fail, SideEffects: &none, AdmissionReviewVersions: []string{"v1"}}},
+		}
+		start := time.Now()
+		_, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, hook, metav1.CreateOptions{})
+		must(t, err)
+		drop := func() {
+			_ = client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, hook.Name, metav1.DeleteOptions{})
+		}
+		t.Cleanup(drop)
+		took, f := await(t, start, diagnose.IDPeerAdmission, "cluster "+a.Name, nil)
+		// The fault is real: a Peer cannot be created.
+		if _, err := a.ApplyPeer(ctx, "refused", "10.9.0.2/32", ""); err == nil {
+			t.Error("a Peer was created while the webhook refuses them")
+		}
+		report(t, "%s (an unserved validating webhook, failing closed) detected in %s: %s", diagnose.IDPeerAdmission,
+			took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
+		drop()
+		gone(t, "cluster "+a.Name)
 	})
 
 	healthy(t, "after the faults")

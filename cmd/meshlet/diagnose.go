@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -66,6 +67,9 @@ func newDiagnoseCmd() *cobra.Command {
 					return err
 				}
 			}
+			if src.local.file == "" {
+				in.PeerAdmission = askPeerAdmission(c.Context(), c.ErrOrStderr(), src)
+			}
 			fs := diagnose.Check(in)
 			if output == "json" {
 				enc := json.NewEncoder(c.OutOrStdout())
@@ -89,6 +93,26 @@ func newDiagnoseCmd() *cobra.Command {
 	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status by running meshlet status in its pod (needs create on pods/exec)")
 	c.Flags().Var(statusFiles, "status-file", "read a node's agent status from a file (`meshlet status -o json` saved on the node), NODE=FILE (repeatable); the agents are then not asked")
 	return c
+}
+
+// askPeerAdmission asks the API server to admit a valid Peer (a dry run;
+// docs/runbooks.md#peeradmissionrefused); nil, with a note on w, when it
+// could not be asked.
+func askPeerAdmission(ctx context.Context, w io.Writer, src meshSource) *diagnose.PeerAdmission {
+	rc, err := restConfig(src.kubeconfig)
+	if err != nil {
+		return nil // reading the cluster failed already with this error
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	a, skipped, err := cluster.PeerAdmission(ctx, rc)
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "meshlet diagnose: Peer admission not checked: %v\n", err)
+	case skipped != "":
+		fmt.Fprintf(w, "meshlet diagnose: Peer admission not checked: %s\n", skipped)
+	}
+	return a
 }
 
 // topologyFlags are the flags that change the topology (leaders, WireGuard

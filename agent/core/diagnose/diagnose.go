@@ -56,6 +56,9 @@ type Input struct {
 	Agents map[string]Agent
 	// LeaderElection is the agents' --leader-election.
 	LeaderElection bool
+	// PeerAdmission is how the API server answered a dry-run Peer; nil
+	// when it was not asked (offline, or no permission to create Peers).
+	PeerAdmission *PeerAdmission
 }
 
 // Remote is one remote cluster of the accepted ClusterMeshes.

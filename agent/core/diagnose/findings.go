@@ -42,7 +42,38 @@ const (
 	// IDCiliumTunl: --compatibility=cilium, the plan needs Cilium's IPIP
 	// device and the node has no cilium_tunl.
 	IDCiliumTunl = "CiliumTunlMissing"
+	// IDPeerAdmission: the API server refuses a valid Peer (a validating
+	// webhook, Kilo's `kg webhook` or another, denies it or cannot be
+	// called), so no Peer can be added or changed.
+	IDPeerAdmission = "PeerAdmissionRefused"
 )
+
+// PeerAdmission is what the API server answered to a server-side dry run
+// of creating a valid Peer (`meshlet diagnose` asks once; a dry run calls
+// the validating webhooks and stores nothing).
+type PeerAdmission struct {
+	// Err is the API server's refusal; "" = accepted.
+	Err string
+	// Webhooks are the validating webhooks whose rules match Peers
+	// ("configuration/webhook"), where they could be listed.
+	Webhooks []string
+}
+
+// peerAdmission is the finding of a refused dry run.
+func peerAdmission(cluster string, a *PeerAdmission) []Finding {
+	if a == nil || a.Err == "" {
+		return nil
+	}
+	hooks := "none could be listed"
+	if len(a.Webhooks) > 0 {
+		hooks = strings.Join(a.Webhooks, ", ")
+	}
+	return []Finding{{Severity: Error, Check: "peer admission", ID: IDPeerAdmission, Subject: "cluster " + cluster,
+		Message:  "the API server refuses a valid Peer: no Peer can be created or changed, so no new laptop or VM joins the mesh",
+		Evidence: []string{"server-side dry run of creating a valid Peer: " + a.Err, "validating webhooks matching peers.kilo.squat.ai: " + hooks},
+		Fix:      "bring the webhook's Service and pods back (Kilo's `kg webhook`), or delete its ValidatingWebhookConfiguration if nothing serves it any more",
+		Runbook:  runbook(IDPeerAdmission)}}
+}
 
 // runbook is the runbook entry of a finding.
 func runbook(id string) string { return "docs/runbooks.md#" + strings.ToLower(id) }
@@ -359,6 +390,9 @@ func checkFindings(in Input, add func(Finding)) {
 	}
 	for _, f := range duplicateKeys(in.Snapshot) {
 		once(f.Finding)
+	}
+	for _, f := range peerAdmission(in.Cluster, in.PeerAdmission) {
+		once(f)
 	}
 	names := make([]string, 0, len(in.Agents))
 	for n := range in.Agents {

@@ -163,6 +163,12 @@ func TestCheckFindings(t *testing.T) {
 			toB := AgentPeer{Name: "b1", Kind: "segment", Endpoint: "192.168.0.2:51820", TxBytes: 8 * 92, RxBytes: 4 * initiationBytes}
 			in.Agents = map[string]Agent{"b1": {Peers: []AgentPeer{toA}, Findings: noReply("b1", []AgentPeer{toA})}, "a1": {Peers: []AgentPeer{toB}}}
 		}, want: []string{IDInboundBlocked + " node b1", IDNoReply + " node b1"}},
+		{name: "a valid Peer refused by a webhook", change: func(in *Input) {
+			in.PeerAdmission = &PeerAdmission{Err: `admission webhook "peers.kilo.squat.ai" denied the request`, Webhooks: []string{"kilo-peer-validation/peers.kilo.squat.ai"}}
+		}, want: []string{IDPeerAdmission + " cluster a"}},
+		{name: "a valid Peer accepted", change: func(in *Input) {
+			in.PeerAdmission = &PeerAdmission{Webhooks: []string{"kilo-peer-validation/peers.kilo.squat.ai"}}
+		}},
 		{name: "nothing reaches the peer either: no reply only", change: func(in *Input) {
 			toA := AgentPeer{Name: "a1", Kind: "segment", Endpoint: "192.168.0.1:51820", TxBytes: 4 * initiationBytes}
 			toB := AgentPeer{Name: "b1", Kind: "segment", Endpoint: "192.168.0.2:51820", TxBytes: 4 * initiationBytes}
@@ -222,7 +228,7 @@ func TestRunbookSections(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
 	}
-	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission}
 	var sections []string
 	for _, l := range strings.Split(part, "\n") {
 		if h, ok := strings.CutPrefix(l, "## "); ok {

@@ -33,8 +33,9 @@ var scheme = func() *runtime.Scheme {
 	return s
 }()
 
-// KiloClient is a REST client for kilo.squat.ai/v1alpha1: Peers and
-// ClusterMeshes are hand-written types, no generated clientset.
+// KiloClient is a REST client for kilo.squat.ai/v1alpha1 over the Peer
+// and ClusterMesh types' scheme (client-go's typed machinery; no generated
+// clientset for two types meshlet reads).
 func KiloClient(cfg *rest.Config) (rest.Interface, error) {
 	c := rest.CopyConfig(cfg)
 	gv := schema.GroupVersion{Group: kilo.GroupName, Version: "v1alpha1"}
