@@ -9,7 +9,7 @@ import (
 )
 
 // Kilo's annotation keys (kilo.squat.ai/...), plus the multi-cluster and
-// meshlet ones. Parsing lives in agent/kilo; formatting lives here because
+// meshlet ones. Parsing lives in agent/core/kilo; formatting lives here because
 // the planner decides what this node publishes.
 const (
 	AnnotationPrefix = "kilo.squat.ai/"

@@ -163,7 +163,7 @@ const (
 )
 
 // Node is one Kubernetes node as the planner needs it, already parsed from
-// its annotations (see agent/kilo). Malformed annotations never reach here.
+// its annotations (see agent/core/kilo). Malformed annotations never reach here.
 type Node struct {
 	Name   string
 	Labels map[string]string // only labels the planner may use (topology, selectors)

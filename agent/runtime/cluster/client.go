@@ -2,7 +2,7 @@
 // Peers, ClusterMeshes and their Secrets, and, on segment leaders, the Nodes
 // and Peers of every remote cluster. Objects are converted for the planner
 // when they change (not at every reconcile), and informers store only the
-// stripped objects (agent/kilo transforms).
+// stripped objects (agent/core/kilo transforms).
 package cluster
 
 import (

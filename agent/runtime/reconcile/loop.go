@@ -230,10 +230,7 @@ func stop(t clock.Timer) {
 // while a sequence of single changes keeps the short window), never more
 // than max; a run started at once resets it.
 type schedule struct {
-	max time.Duration
-	// fixed is the debounce before December 2026 (every run max after the
-	// first change behind it), kept for the benchmarks to compare with.
-	fixed    bool
+	max      time.Duration
 	ran      bool
 	lastEnd  time.Time
 	lastTook time.Duration
@@ -247,9 +244,6 @@ const minWindow = 20 * time.Millisecond
 
 // start is when a run for a change seen at now starts.
 func (s *schedule) start(now time.Time) time.Time {
-	if s.fixed {
-		return now.Add(s.max)
-	}
 	if !s.ran {
 		return now
 	}

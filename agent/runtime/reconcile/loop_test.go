@@ -477,29 +477,27 @@ func TestSchedule(t *testing.T) {
 		changes    int
 	}
 	for _, tc := range []struct {
-		name  string
-		fixed bool
-		runs  []run
-		now   time.Time
-		want  time.Time
+		name string
+		runs []run
+		now  time.Time
+		want time.Time
 	}{
-		{"first change: at once", false, nil, ms(5), ms(5)},
-		{"after a quiet window: at once", false, []run{{ms(0), ms(5), false, 1}}, ms(25), ms(25)},
-		{"within the window after a quick run: its end", false, []run{{ms(0), ms(5), false, 1}}, ms(10), ms(25)},
-		{"after a 60 ms run: a 60 ms window", false, []run{{ms(0), ms(60), false, 1}}, ms(70), ms(120)},
-		{"after a 2 s run: the window is Debounce", false, []run{{ms(0), ms(2000), false, 1}}, ms(2001), ms(2100)},
-		{"single changes in sequence keep the short window", false,
+		{"first change: at once", nil, ms(5), ms(5)},
+		{"after a quiet window: at once", []run{{ms(0), ms(5), false, 1}}, ms(25), ms(25)},
+		{"within the window after a quick run: its end", []run{{ms(0), ms(5), false, 1}}, ms(10), ms(25)},
+		{"after a 60 ms run: a 60 ms window", []run{{ms(0), ms(60), false, 1}}, ms(70), ms(120)},
+		{"after a 2 s run: the window is Debounce", []run{{ms(0), ms(2000), false, 1}}, ms(2001), ms(2100)},
+		{"single changes in sequence keep the short window",
 			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 1}, {ms(50), ms(55), true, 1}}, ms(60), ms(75)},
-		{"a storm doubles the window per held run", false,
+		{"a storm doubles the window per held run",
 			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}}, ms(80), ms(155)},
-		{"up to Debounce", false,
+		{"up to Debounce",
 			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(155), ms(160), true, 8}}, ms(170), ms(260)},
-		{"a run at once after the storm resets it", false,
+		{"a run at once after the storm resets it",
 			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(500), ms(505), false, 1}}, ms(510), ms(525)},
-		{"fixed (before): Debounce after every change", true, []run{{ms(0), ms(5), false, 1}}, ms(500), ms(600)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := schedule{max: 100 * time.Millisecond, fixed: tc.fixed}
+			s := schedule{max: 100 * time.Millisecond}
 			for _, r := range tc.runs {
 				s.done(r.start, r.end, r.held, r.changes)
 			}
