@@ -30,7 +30,12 @@ type reply struct {
 	seq int
 }
 
-var pingReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] .*icmp_seq=(\d+) `)
+// pingReply matches an echo reply line of `ping -D` ("[1764712345.123456]
+// 64 bytes from 10.2.0.5: icmp_seq=7 ttl=62 time=0.5 ms") and not an ICMP
+// error line ("[…] From 172.20.0.11 icmp_seq=7 Destination Net
+// Unreachable"): a router on the way answering that it has no route is
+// not the destination answering.
+var pingReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] \d+ bytes from [^ ]+: icmp_seq=(\d+) `)
 
 // StartPinger starts pinging dst from n every interval (each reply waited
 // for up to a second).
