@@ -241,15 +241,15 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 		}
 		samples = append(samples, watched{key: p.PublicKey, sample: sessionSample{rx: d.ReceiveBytes, tx: d.TransmitBytes, handshake: hs}})
 	}
-	probe, repair := sw.assess(o.Clock.Now(), samples)
+	probe, repair, retry := sw.assess(o.Clock.Now(), samples)
 	for _, k := range probe {
 		probes = append(probes, byKey[k].SessionProbe)
 	}
-	if len(repair) == 0 {
+	if len(repair)+len(retry) == 0 {
 		return false, probes, nil
 	}
 	var cfg wgtypes.Config
-	for _, k := range repair {
+	for _, k := range append(repair[:len(repair):len(repair)], retry...) {
 		p := byKey[k]
 		pc := newPeerConfig(p)
 		if d := onDevice[k]; d.Endpoint != nil {
@@ -263,6 +263,13 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	}
 	for _, k := range repair {
 		m.log.LogAttrs(ctx, slog.LevelInfo, "re-established a half-dead WireGuard session (the peer forgot it)",
+			slog.String("interface", m.iface), slog.String("peer", byKey[k].Name))
+		if o.OnRepair != nil {
+			o.OnRepair(byKey[k].Name)
+		}
+	}
+	for _, k := range retry {
+		m.log.LogAttrs(ctx, slog.LevelInfo, "re-established a repaired WireGuard peer again: its fresh handshake went unanswered (rather than WireGuard's retry in 5 s)",
 			slog.String("interface", m.iface), slog.String("peer", byKey[k].Name))
 		if o.OnRepair != nil {
 			o.OnRepair(byKey[k].Name)

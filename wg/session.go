@@ -21,6 +21,14 @@ import (
 // ProbeTimeout without anything received the peer is removed and added back
 // in one configuration, and the next packet starts a fresh handshake, which
 // the peer answers at once.
+//
+// The fresh handshake can itself be lost: a kg that has just started
+// rewrites its device several times in a fraction of a second, and an
+// initiation that arrives between two rewrites is answered by a device
+// that forgets the answer. WireGuard retransmits an unanswered initiation
+// only after REKEY_TIMEOUT (5 s), so a repaired peer whose fresh handshake
+// is unanswered RetryAfter after the repair is re-created once more at once
+// (its handshake state with it), and the next packet initiates again.
 
 // SessionPolicy tunes the half-dead session rule.
 type SessionPolicy struct {
@@ -35,6 +43,10 @@ type SessionPolicy struct {
 	// rewrite), and for a silent peer one per MinBackoff doubling up to
 	// MaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// RetryAfter: a repaired peer that has sent its fresh handshake and
+	// heard nothing this long after the repair is re-created once more
+	// (one retry per repair; it earns no back-off).
+	RetryAfter time.Duration
 }
 
 // DefaultSessionPolicy: a half-dead session costs well under a second of
@@ -45,6 +57,7 @@ var DefaultSessionPolicy = SessionPolicy{
 	ProbeTimeout: 300 * time.Millisecond,
 	MinBackoff:   5 * time.Second,
 	MaxBackoff:   time.Minute,
+	RetryAfter:   time.Second,
 }
 
 // RejectAfterTime is WireGuard's REJECT_AFTER_TIME: a session whose last
@@ -71,6 +84,8 @@ type sessionState struct {
 	probed     time.Time // when the probe went out; zero = not yet
 	repairedAt time.Time
 	backoff    time.Duration
+	// retryDue: repaired, and neither heard from since nor retried.
+	retryDue bool
 }
 
 type sessionAction int
@@ -79,6 +94,9 @@ const (
 	sessionOK sessionAction = iota
 	sessionProbe
 	sessionRepair
+	// sessionRetry: re-create a repaired peer whose fresh handshake went
+	// unanswered (done as a repair).
+	sessionRetry
 )
 
 // assessSession is the rule, pure: the state after sample s taken at now,
@@ -98,12 +116,22 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 		// repair per rewrite; only a peer that stays silent after repairs
 		// is backed off).
 		st.unanswered, st.probed = time.Time{}, time.Time{}
-		st.backoff = 0
+		st.backoff, st.retryDue = 0, false
 		return st, sessionOK
 	case s.tx > prev.tx && st.unanswered.IsZero():
 		// Sent since the previous reading, nothing back: the first such
 		// packet may have left right after it.
 		st.unanswered = prevAt
+	}
+	if st.retryDue && now.Sub(st.repairedAt) >= pol.RetryAfter {
+		// The fresh handshake's window is over: sent and unanswered, it
+		// is started again now rather than in REKEY_TIMEOUT; anything
+		// else (answered, nothing sent) leaves WireGuard to it.
+		st.retryDue = false
+		if s.handshake.IsZero() && s.rx == 0 && s.tx > 0 {
+			st.unanswered, st.probed = time.Time{}, time.Time{}
+			return st, sessionRetry
+		}
 	}
 	if st.unanswered.IsZero() || s.handshake.IsZero() || now.Sub(s.handshake) >= RejectAfterTime {
 		// Nothing pending, or no session this side believes in: WireGuard
@@ -115,7 +143,7 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 		st.probed = now
 		return st, sessionProbe
 	case !st.probed.IsZero() && now.Sub(st.probed) >= pol.ProbeTimeout && now.Sub(st.repairedAt) >= st.backoff:
-		st.repairedAt = now
+		st.repairedAt, st.retryDue = now, pol.RetryAfter > 0
 		st.backoff = min(max(2*st.backoff, pol.MinBackoff), pol.MaxBackoff)
 		st.unanswered, st.probed = time.Time{}, time.Time{}
 		return st, sessionRepair
@@ -136,8 +164,9 @@ type watched struct {
 }
 
 // assess runs the rule over this tick's samples and returns the peers to
-// probe and to re-establish. Peers no longer watched are forgotten.
-func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair []wgtypes.Key) {
+// probe, to re-establish, and to re-create again after an unanswered fresh
+// handshake. Peers no longer watched are forgotten.
+func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair, retry []wgtypes.Key) {
 	next := make(map[wgtypes.Key]sessionState, len(samples))
 	for _, s := range samples {
 		st, act := assessSession(w.peers[s.key], s.sample, now, w.policy)
@@ -147,17 +176,20 @@ func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair [
 			probe = append(probe, s.key)
 		case sessionRepair:
 			repair = append(repair, s.key)
+		case sessionRetry:
+			retry = append(retry, s.key)
 		}
 	}
 	w.peers = next
-	return probe, repair
+	return probe, repair, retry
 }
 
-// pending reports whether a watched peer has traffic going unanswered, so
-// the monitor samples fast until that is settled.
+// pending reports whether a watched peer has traffic going unanswered or a
+// fresh handshake in its retry window, so the monitor samples fast until
+// that is settled.
 func (w *sessionWatch) pending() bool {
 	for _, st := range w.peers {
-		if !st.unanswered.IsZero() {
+		if !st.unanswered.IsZero() || st.retryDue {
 			return true
 		}
 	}

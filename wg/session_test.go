@@ -2,6 +2,7 @@ package wg
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -156,6 +157,80 @@ func TestAssessSessionRepairWorks(t *testing.T) {
 		if repairs[i] != want[i] {
 			t.Fatalf("repairs at %v, want %v", repairs, want)
 		}
+	}
+}
+
+// TestAssessSessionRetry: a repaired peer whose fresh handshake is lost (a
+// kg rewriting its device again right after it started) is re-created once
+// more RetryAfter after the repair, not left to WireGuard's REKEY_TIMEOUT;
+// once, and only when the fresh handshake was sent and went unanswered.
+func TestAssessSessionRetry(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	hs := t0.Add(-30 * time.Second)
+	// Half-dead from the start: repaired at 500 ms (TestAssessSession).
+	halfDead := []sessionSample{
+		{rx: 100, tx: 100, handshake: hs}, {rx: 100, tx: 200, handshake: hs}, {rx: 100, tx: 300, handshake: hs},
+		{rx: 100, tx: 400, handshake: hs}, {rx: 100, tx: 500, handshake: hs}, {rx: 100, tx: 600, handshake: hs},
+	}
+	const repairedAt = 5 // index of the repair in halfDead
+	init := int64(148)   // one handshake initiation
+	tests := []struct {
+		name string
+		// after returns the sample at ms after the repair (counters of
+		// the re-created peer).
+		after func(ms int) sessionSample
+		want  []time.Duration // retries, after the repair
+	}{
+		{"fresh handshake unanswered: one retry at 1 s", func(int) sessionSample {
+			return sessionSample{tx: init}
+		}, []time.Duration{time.Second}},
+		{"fresh handshake answered: no retry", func(ms int) sessionSample {
+			if ms < 100 {
+				return sessionSample{tx: init}
+			}
+			return sessionSample{rx: 92, tx: init + 32, handshake: t0.Add(time.Duration(repairedAt*100+ms) * time.Millisecond)}
+		}, nil},
+		{"nothing sent after the repair: no retry", func(int) sessionSample {
+			return sessionSample{}
+		}, nil},
+		{"retried and still unanswered: WireGuard's own retransmission after that", func(ms int) sessionSample {
+			return sessionSample{tx: init * int64(1+ms/5000)}
+		}, []time.Duration{time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var st sessionState
+			var act sessionAction
+			for i, s := range halfDead {
+				st, act = assessSession(st, s, t0.Add(time.Duration(i)*100*time.Millisecond), DefaultSessionPolicy)
+			}
+			if act != sessionRepair {
+				t.Fatalf("no repair at %d ms: %d", repairedAt*100, act)
+			}
+			w := &sessionWatch{policy: DefaultSessionPolicy, peers: map[wgtypes.Key]sessionState{testKey(1): st}}
+			if !w.pending() {
+				t.Fatal("a just repaired peer is not sampled fast")
+			}
+			var retries []time.Duration
+			for ms := 100; ms <= 4_000; ms += 100 {
+				now := t0.Add(time.Duration(repairedAt*100+ms) * time.Millisecond)
+				st, act = assessSession(st, tt.after(ms), now, DefaultSessionPolicy)
+				switch act {
+				case sessionRetry:
+					retries = append(retries, time.Duration(ms)*time.Millisecond)
+				case sessionOK:
+				default:
+					t.Fatalf("%d ms after the repair: action %d", ms, act)
+				}
+			}
+			if fmt.Sprint(retries) != fmt.Sprint(tt.want) {
+				t.Fatalf("retries at %v after the repair, want %v", retries, tt.want)
+			}
+			w.peers[testKey(1)] = st
+			if w.pending() {
+				t.Error("still sampled fast 4 s after the repair")
+			}
+		})
 	}
 }
 
