@@ -2,12 +2,11 @@ package cluster
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,26 +28,26 @@ func PeerAdmission(ctx context.Context, cfg *rest.Config) (answer *diagnose.Peer
 	if err != nil {
 		return nil, "", err
 	}
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
+	key, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
 		return nil, "", fmt.Errorf("a key for the dry-run Peer: %w", err)
 	}
 	peer := &kilo.Peer{
 		TypeMeta:   metav1.TypeMeta{APIVersion: kilo.GroupName + "/v1alpha1", Kind: "Peer"},
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "meshlet-diagnose-"},
 		// An address no mesh uses (the end of the shared address space).
-		Spec: kilo.PeerSpec{AllowedIPs: []string{"100.127.255.254/32"}, PublicKey: base64.StdEncoding.EncodeToString(key)},
+		Spec: kilo.PeerSpec{AllowedIPs: []string{"100.127.255.254/32"}, PublicKey: key.PublicKey().String()},
 	}
 	derr := kc.Post().Resource("peers").Param("dryRun", metav1.DryRunAll).Body(peer).Do(ctx).Error()
-	switch {
-	case derr == nil:
-		return &diagnose.PeerAdmission{}, "", nil
-	case apierrors.IsForbidden(derr) && !isAdmissionDenial(derr):
-		return nil, "no permission to create Peers (a dry run needs create on peers.kilo.squat.ai)", nil
-	case apierrors.IsNotFound(derr):
-		return nil, "the Peer CRD is not installed", nil
-	case ctx.Err() != nil:
+	if ctx.Err() != nil {
 		return nil, "", fmt.Errorf("dry-run Peer: %w", derr)
+	}
+	refused, skipped := classifyDryRun(derr)
+	if !refused {
+		if skipped != "" {
+			return nil, skipped, nil
+		}
+		return &diagnose.PeerAdmission{}, "", nil
 	}
 	a := &diagnose.PeerAdmission{Err: derr.Error()}
 	client, err := kubernetes.NewForConfig(cfg)
@@ -69,11 +68,34 @@ func PeerAdmission(ctx context.Context, cfg *rest.Config) (answer *diagnose.Peer
 	return a, "", nil
 }
 
-// isAdmissionDenial tells a webhook's denial (403 by default, with
-// `admission webhook "name" denied the request`) from RBAC's 403
-// ("User ... cannot create resource").
-func isAdmissionDenial(err error) bool {
-	return strings.Contains(err.Error(), "admission webhook")
+// classifyDryRun reads the dry run's answer: refused only when admission
+// answered it — a webhook's denial (`admission webhook "name" denied the
+// request`, any status), a webhook that could not be called under
+// failurePolicy Fail (`failed calling webhook "name"`), or a
+// ValidatingAdmissionPolicy's denial. Any other error (RBAC's 403, no CRD,
+// a timeout, throttling, an API server in trouble) says nothing about
+// admission: skipped says why, and the answer is not a finding.
+func classifyDryRun(err error) (refused bool, skipped string) {
+	if err == nil {
+		return false, ""
+	}
+	switch msg := err.Error(); {
+	case isAdmissionAnswer(msg):
+		return true, ""
+	case apierrors.IsForbidden(err):
+		return false, "no permission to create Peers (a dry run needs create on peers.kilo.squat.ai)"
+	case apierrors.IsNotFound(err):
+		return false, "the Peer CRD is not installed"
+	default:
+		return false, "the dry run got no answer from admission: " + msg
+	}
+}
+
+// isAdmissionAnswer reports whether an API error came from admission (the
+// API server's own wording for webhooks and ValidatingAdmissionPolicies).
+func isAdmissionAnswer(msg string) bool {
+	return strings.Contains(msg, "admission webhook \"") || strings.Contains(msg, "failed calling webhook") ||
+		strings.Contains(msg, "ValidatingAdmissionPolicy")
 }
 
 // matchesPeers reports whether a webhook's rules match creating Peers.
