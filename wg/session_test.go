@@ -290,3 +290,48 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 		t.Errorf("re-added peer %+v: want its roamed endpoint and allowed IPs, no ReplacePeers", cfg.Peers[1])
 	}
 }
+
+// TestWatchRetriesUnansweredFreshHandshake: on the device, a repaired kg
+// peer whose fresh handshake goes unanswered (the re-created peer sent an
+// initiation, received nothing) is removed and added back once more 1 s
+// after the repair, and only once.
+func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
+	ctx := context.Background()
+	priv, _ := wgtypes.GeneratePrivateKey()
+	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
+	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kg := PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
+		SessionProbe: netip.MustParseAddr("10.4.0.2")}
+	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{kg}}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	fc.dev.Peers[0].LastHandshakeTime = now.Add(-10 * time.Second)
+	fc.dev.Peers[0].ReceiveBytes = 1000
+	sw := &sessionWatch{policy: DefaultSessionPolicy}
+	var repaired []time.Duration
+	clk := testingclock.NewFakeClock(now)
+	o := WatchOptions{Sessions: true, Clock: clk, OnRepair: func(string) { repaired = append(repaired, clk.Since(now)) }}
+	for i := 0; i < 40; i++ {
+		if len(repaired) == 0 {
+			fc.dev.Peers[0].TransmitBytes += 100 // the half-dead session
+		} else {
+			fc.dev.Peers[0].TransmitBytes = 148 // the re-created peer's initiation, unanswered
+		}
+		if _, _, err := m.watchOnce(ctx, sw, o); err != nil {
+			t.Fatal(err)
+		}
+		clk.Step(100 * time.Millisecond)
+	}
+	want := []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond}
+	if fmt.Sprint(repaired) != fmt.Sprint(want) {
+		t.Fatalf("re-created at %v, want %v (the repair, then one retry 1 s later)", repaired, want)
+	}
+	last := fc.configs[len(fc.configs)-1]
+	if len(last.Peers) != 2 || !last.Peers[0].Remove || last.Peers[1].Remove || last.Peers[1].PublicKey != wgtypes.Key(kg.PublicKey) {
+		t.Errorf("the retry's configuration: %+v", last)
+	}
+}
