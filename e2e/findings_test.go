@@ -26,7 +26,8 @@ import (
 
 // namedIDs are the findings of issue 22 (agent/core/diagnose/findings.go).
 var namedIDs = []string{diagnose.IDLocationLabel, diagnose.IDTopologyLabel, diagnose.IDDuplicateKey, diagnose.IDNATNoKeepalive,
-	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl, diagnose.IDPeerAdmission}
+	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl, diagnose.IDPeerAdmission,
+	diagnose.IDPrivateEndpoint}
 
 // findings runs `meshlet diagnose` on cluster c with every running node's
 // `meshlet status -o json` (read on the node, passed with --status-file:
@@ -236,6 +237,29 @@ func TestFindings(t *testing.T) {
 		report(t, "%s on a-z1 (a-z1's and the leaders' counters) detected in %s from its start: %s", diagnose.IDInboundBlocked,
 			took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
 		remove(t, n)
+	})
+
+	t.Run("private endpoints across locations, no route between", func(t *testing.T) {
+		// Two locations, each behind its own router on its own private
+		// LAN, each node advertising its LAN address (a cloud tenant's
+		// internal IP): each reaches location x through its NAT, and
+		// neither the other's LAN. Their handshakes to each other leave
+		// by the default route and go nowhere.
+		r2, err := env.AddRouter(ctx, "r2")
+		must(t, err)
+		r3, err := env.AddRouter(ctx, "r3")
+		must(t, err)
+		p1, err := a.AddNode(ctx, harness.NodeSpec{Name: "a-p1", Location: "p", Behind: r2})
+		must(t, err)
+		q1, err := a.AddNode(ctx, harness.NodeSpec{Name: "a-q1", Location: "q", Behind: r3})
+		must(t, err)
+		start := time.Now()
+		must(t, p1.Start(ctx))
+		must(t, q1.Start(ctx))
+		took, f := await(t, start, diagnose.IDPrivateEndpoint, "node a-p1", p1)
+		report(t, "%s on a-p1 (its own status) detected in %s from the start: %s", diagnose.IDPrivateEndpoint, took.Round(10*time.Millisecond), strings.Join(f.Evidence, "; "))
+		remove(t, p1)
+		remove(t, q1)
 	})
 
 	// leaderOfX is location x's leader now (the label faults above move

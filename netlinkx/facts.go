@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // HostAddress is one address of the host and the interface carrying it.
@@ -85,4 +86,60 @@ func (h *Host) InterfaceIPv4(name string) netip.Prefix {
 		}
 	}
 	return netip.Prefix{}
+}
+
+// UnderlayRoute is the route the host's main table takes to an address.
+type UnderlayRoute struct {
+	// Prefix is the route's destination (0.0.0.0/0: the default route).
+	Prefix netip.Prefix
+	// Gateway is its next hop (invalid: on-link).
+	Gateway   netip.Addr
+	Interface string
+}
+
+// UnderlayRoutes finds, for each IPv4 address, the main table's most
+// specific route to it, leaving out meshlet's own routes and any on skip
+// (the WireGuard interface): the way the underlay reaches it. Addresses
+// no route covers are absent from the result. One route dump per call.
+func (h *Host) UnderlayRoutes(addrs []netip.Addr, skip string) (map[netip.Addr]UnderlayRoute, error) {
+	out := map[netip.Addr]UnderlayRoute{}
+	if len(addrs) == 0 {
+		return out, nil
+	}
+	routes, err := h.nl.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("netlinkx: listing routes: %w", err)
+	}
+	names := map[int]string{}
+	for _, r := range routes {
+		if r.Protocol == Protocol || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		dst := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if r.Dst != nil {
+			a, ok := netip.AddrFromSlice(r.Dst.IP)
+			ones, _ := r.Dst.Mask.Size()
+			if !ok {
+				continue
+			}
+			dst = netip.PrefixFrom(a.Unmap(), ones)
+		}
+		name, ok := names[r.LinkIndex]
+		if !ok {
+			if l, err := h.nl.LinkByIndex(r.LinkIndex); err == nil {
+				name = l.Attrs().Name
+			}
+			names[r.LinkIndex] = name
+		}
+		if name == skip {
+			continue
+		}
+		gw, _ := netip.AddrFromSlice(r.Gw)
+		for _, a := range addrs {
+			if cur, have := out[a]; dst.Contains(a) && (!have || dst.Bits() > cur.Prefix.Bits()) {
+				out[a] = UnderlayRoute{Prefix: dst, Gateway: gw.Unmap(), Interface: name}
+			}
+		}
+	}
+	return out, nil
 }

@@ -211,10 +211,10 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	})
 	changes := mergeSignals(ctx, netlinkChanges, drift)
 	facts := &node.Facts{Host: host, WireGuard: mgr, Version: version, HostnameAddrs: hostnameAddrs(ctx, log)}
-	var nodeHost reconcile.Host = &node.Host{Host: host}
+	var nodeHost reconcile.Host = &node.Host{Host: host, Interface: cfg.Interface}
 	if cfg.CNI {
 		facts.CNI = &cni.File{Path: cfg.CNIPath}
-		nodeHost = &node.Host{Host: host, CNI: facts.CNI}
+		nodeHost = &node.Host{Host: host, CNI: facts.CNI, Interface: cfg.Interface}
 	}
 	agent, err := runner.New(runner.Options{
 		Clock:  clk,

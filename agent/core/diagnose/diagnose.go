@@ -90,8 +90,10 @@ type Agent struct {
 // AgentPeer is a peer as an agent judges it.
 type AgentPeer struct {
 	Name, Kind, Cluster, State string
-	LastHandshake              time.Time
-	Allowed                    time.Duration
+	// Location is a segment peer's location.
+	Location      string
+	LastHandshake time.Time
+	Allowed       time.Duration
 	// Endpoint is the planned endpoint, Learned the device's when it
 	// differs; the counters are the device's since it was created.
 	Endpoint, Learned string

@@ -32,6 +32,10 @@ const (
 	// IDNoReply: this node has sent handshakes to a peer and received
 	// nothing from it, ever.
 	IDNoReply = "NoHandshakeReply"
+	// IDPrivateEndpoint: this node has sent handshakes to a peer in another
+	// location at a private address, reached only through its default
+	// route, and heard nothing: no route joins the two private networks.
+	IDPrivateEndpoint = "PrivateEndpointNotRouted"
 	// IDInboundBlocked: the peer receives this node's handshakes and
 	// answers, and nothing reaches this node: its inbound UDP is dropped.
 	IDInboundBlocked = "InboundWireGuardBlocked"
@@ -116,6 +120,19 @@ type NodeFacts struct {
 	// IPForward is net.ipv4.ip_forward as read now ("" = not read).
 	IPForward  string
 	Unresolved []Unresolved
+	// EndpointRoutes are the underlay's routes to the peers' endpoint
+	// addresses, as read now (absent: not read, or no route).
+	EndpointRoutes map[netip.Addr]EndpointRoute
+}
+
+// EndpointRoute is the host's route to a peer's endpoint address, leaving
+// out meshlet's own routes and the WireGuard interface (netlinkx).
+type EndpointRoute struct {
+	// Prefix is the route's destination: 0.0.0.0/0 is the default route.
+	Prefix netip.Prefix
+	// Gateway is its next hop (invalid: on-link).
+	Gateway   netip.Addr
+	Interface string
 }
 
 // NodeFindings are the named findings about one node that its agent can
@@ -133,7 +150,7 @@ func NodeFindings(f NodeFacts) []Finding {
 			fs = append(fs, x.Finding)
 		}
 	}
-	fs = append(fs, noReply(f.Node, f.Peers)...)
+	fs = append(fs, noReply(f)...)
 	fs = append(fs, ipForward(f)...)
 	fs = append(fs, unresolved(f.Node, f.Unresolved)...)
 	fs = append(fs, ciliumTunl(f)...)
@@ -237,11 +254,19 @@ func duplicateKeys(snap topology.Snapshot) []keyFinding {
 }
 
 // noReply: peers this node has sent handshake initiations to and received
-// nothing from, ever (the device's counters since it was created).
-func noReply(node string, peers []AgentPeer) []Finding {
+// nothing from, ever (the device's counters since it was created). When
+// the peer is in another location and its endpoint is a private address
+// this node reaches only through its default route, the likely cause is
+// named instead: no route between the two private networks.
+func noReply(f NodeFacts) []Finding {
+	node := f.Node
 	var fs []Finding
-	for _, p := range peers {
+	for _, p := range f.Peers {
 		if p.LastHandshake.IsZero() && p.RxBytes == 0 && p.TxBytes >= unansweredInitiations*initiationBytes {
+			if x, ok := privateEndpoint(f, p); ok {
+				fs = append(fs, x)
+				continue
+			}
 			fs = append(fs, Finding{Severity: Error, Check: "handshakes", ID: IDNoReply, Subject: "node " + node,
 				Message:  fmt.Sprintf("peer %s (%s) never answered: %d B of handshakes sent to %s, nothing received", p.Name, p.Kind, p.TxBytes, orNone(p.Endpoint)),
 				Evidence: []string{fmt.Sprintf("peer %s: tx %d B (≥ %d handshake initiations), rx 0 B, last handshake never", p.Name, p.TxBytes, p.TxBytes/initiationBytes)},
@@ -250,6 +275,40 @@ func noReply(node string, peers []AgentPeer) []Finding {
 		}
 	}
 	return fs
+}
+
+// cgnat is the shared address space (RFC 6598), private like RFC 1918's.
+var cgnat = netip.MustParsePrefix("100.64.0.0/10")
+
+// privateEndpoint is the finding for a never-answering peer in another
+// location whose endpoint is a private address reached only through the
+// default route.
+func privateEndpoint(f NodeFacts, p AgentPeer) (Finding, bool) {
+	ap, err := netip.ParseAddrPort(p.Endpoint)
+	if err != nil {
+		return Finding{}, false
+	}
+	a := ap.Addr().Unmap()
+	r, routed := f.EndpointRoutes[a]
+	otherLocation := p.Kind == string(topology.KindRemote) || p.Kind == string(topology.KindSegment) && p.Location != f.Plan.Location
+	if !(a.IsPrivate() || cgnat.Contains(a)) || !otherLocation || !routed || r.Prefix.Bits() != 0 {
+		return Finding{}, false
+	}
+	where := "location " + orNone(p.Location)
+	if p.Kind == string(topology.KindRemote) {
+		where = "cluster " + p.Cluster
+	}
+	via := "via " + r.Gateway.String()
+	if !r.Gateway.IsValid() {
+		via = "on-link"
+	}
+	return Finding{Severity: Error, Check: "handshakes", ID: IDPrivateEndpoint, Subject: "node " + f.Node,
+		Message: fmt.Sprintf("peer %s (%s) never answered at %s, a private address: this node reaches it only through its default route, so unless a route joins the two private networks (VPN, peering) the handshakes go nowhere", p.Name, where, p.Endpoint),
+		Evidence: []string{fmt.Sprintf("peer %s: tx %d B (≥ %d handshake initiations), rx 0 B, last handshake never", p.Name, p.TxBytes, p.TxBytes/initiationBytes),
+			fmt.Sprintf("route to %s: default (%s dev %s), no route specific to it", a, via, orNone(r.Interface))},
+		Fix: fmt.Sprintf("give %s an address this node can reach: kubectl annotate node %s %s=<public IP>:%s, or route the two private networks to each other",
+			p.Name, p.Name, topology.AnnotationForceEndpoint, portOf(p.Endpoint)),
+		Runbook: runbook(IDPrivateEndpoint)}, true
 }
 
 func portOf(endpoint string) string {
@@ -349,7 +408,7 @@ func crossAgent(in Input, add func(Finding)) {
 	}
 	for _, node := range names {
 		for _, f := range in.Agents[node].Findings {
-			if f.ID != IDNoReply {
+			if f.ID != IDNoReply && f.ID != IDPrivateEndpoint {
 				continue
 			}
 			for _, p := range in.Agents[node].Peers {

@@ -1,6 +1,7 @@
 package diagnose
 
 import (
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -29,6 +30,7 @@ func TestNodeFindings(t *testing.T) {
 	leader := topology.Plan{Leader: true, Location: "x", Segments: []topology.SegmentInfo{{Location: "x", Leader: "a1", Nodes: []string{"a1", "a2"}}}}
 	alone := topology.Plan{Leader: true, Location: "y", Segments: []topology.SegmentInfo{{Location: "y", Leader: "a1", Nodes: []string{"a1"}}}}
 	blocked := AgentPeer{Name: "b1", Kind: "segment", Endpoint: "192.168.0.3:51820", TxBytes: 3 * initiationBytes}
+	defaultRoute := EndpointRoute{Prefix: netip.MustParsePrefix("0.0.0.0/0"), Gateway: netip.MustParseAddr("192.168.50.254"), Interface: "eth0"}
 	for _, tc := range []struct {
 		name   string
 		facts  func(*NodeFacts)
@@ -67,6 +69,48 @@ func TestNodeFindings(t *testing.T) {
 		{name: "two others share a key", facts: func(f *NodeFacts) { f.Snapshot.Nodes[2].PublicKey = f.Snapshot.Nodes[1].PublicKey }},
 		{name: "three initiations unanswered", facts: func(f *NodeFacts) { f.Peers = []AgentPeer{blocked} },
 			want: []string{IDNoReply + " node a1"}, detail: "tx 444 B (≥ 3 handshake initiations), rx 0 B"},
+		{name: "private endpoint in another location, only the default route to it", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Location = "y"
+			f.Peers = []AgentPeer{p}
+			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("192.168.0.3"): defaultRoute}
+		}, want: []string{IDPrivateEndpoint + " node a1"}, detail: "route to 192.168.0.3: default (via 192.168.50.254 dev eth0)"},
+		{name: "private endpoint of a remote cluster's leader, only the default route to it", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Kind, p.Cluster = "remote", "cluster-b"
+			p.Endpoint = "100.64.7.9:51820"
+			f.Peers = []AgentPeer{p}
+			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("100.64.7.9"): defaultRoute}
+		}, want: []string{IDPrivateEndpoint + " node a1"}, detail: "route to 100.64.7.9: default"},
+		{name: "private endpoint on a connected network: the firewall's", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Location = "y"
+			f.Peers = []AgentPeer{p}
+			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("192.168.0.3"): {Prefix: netip.MustParsePrefix("192.168.0.0/24"), Interface: "eth0"}}
+		}, want: []string{IDNoReply + " node a1"}},
+		{name: "private endpoint through a specific route (VPN, peering)", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Location = "y"
+			f.Peers = []AgentPeer{p}
+			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("192.168.0.3"): {Prefix: netip.MustParsePrefix("192.168.0.0/16"), Gateway: netip.MustParseAddr("10.0.0.1"), Interface: "wg-vpn"}}
+		}, want: []string{IDNoReply + " node a1"}},
+		{name: "public endpoint through the default route", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Location, p.Endpoint = "y", "203.0.113.7:51820"
+			f.Peers = []AgentPeer{p}
+			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("203.0.113.7"): defaultRoute}
+		}, want: []string{IDNoReply + " node a1"}},
+		{name: "private endpoint, route not read", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Location = "y"
+			f.Peers = []AgentPeer{p}
+		}, want: []string{IDNoReply + " node a1"}},
+		{name: "private endpoint in this location (full granularity)", facts: func(f *NodeFacts) {
+			p := blocked
+			p.Location = "x"
+			f.Peers = []AgentPeer{p}
+			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("192.168.0.3"): defaultRoute}
+		}, want: []string{IDNoReply + " node a1"}},
 		{name: "two initiations: not yet", facts: func(f *NodeFacts) {
 			p := blocked
 			p.TxBytes = 2 * initiationBytes
@@ -161,7 +205,7 @@ func TestCheckFindings(t *testing.T) {
 		{name: "inbound dropped at b1: a1 receives and answers", change: func(in *Input) {
 			toA := AgentPeer{Name: "a1", Kind: "segment", Endpoint: "192.168.0.1:51820", TxBytes: 4 * initiationBytes}
 			toB := AgentPeer{Name: "b1", Kind: "segment", Endpoint: "192.168.0.2:51820", TxBytes: 8 * 92, RxBytes: 4 * initiationBytes}
-			in.Agents = map[string]Agent{"b1": {Peers: []AgentPeer{toA}, Findings: noReply("b1", []AgentPeer{toA})}, "a1": {Peers: []AgentPeer{toB}}}
+			in.Agents = map[string]Agent{"b1": {Peers: []AgentPeer{toA}, Findings: noReply(NodeFacts{Node: "b1", Peers: []AgentPeer{toA}})}, "a1": {Peers: []AgentPeer{toB}}}
 		}, want: []string{IDInboundBlocked + " node b1", IDNoReply + " node b1"}},
 		{name: "a valid Peer refused by a webhook", change: func(in *Input) {
 			in.PeerAdmission = &PeerAdmission{Err: `admission webhook "peers.kilo.squat.ai" denied the request`, Webhooks: []string{"kilo-peer-validation/peers.kilo.squat.ai"}}
@@ -172,8 +216,8 @@ func TestCheckFindings(t *testing.T) {
 		{name: "nothing reaches the peer either: no reply only", change: func(in *Input) {
 			toA := AgentPeer{Name: "a1", Kind: "segment", Endpoint: "192.168.0.1:51820", TxBytes: 4 * initiationBytes}
 			toB := AgentPeer{Name: "b1", Kind: "segment", Endpoint: "192.168.0.2:51820", TxBytes: 4 * initiationBytes}
-			in.Agents = map[string]Agent{"b1": {Peers: []AgentPeer{toA}, Findings: noReply("b1", []AgentPeer{toA})},
-				"a1": {Peers: []AgentPeer{toB}, Findings: noReply("a1", []AgentPeer{toB})}}
+			in.Agents = map[string]Agent{"b1": {Peers: []AgentPeer{toA}, Findings: noReply(NodeFacts{Node: "b1", Peers: []AgentPeer{toA}})},
+				"a1": {Peers: []AgentPeer{toB}, Findings: noReply(NodeFacts{Node: "a1", Peers: []AgentPeer{toB}})}}
 		}, want: []string{IDNoReply + " node a1", IDNoReply + " node b1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -228,7 +272,7 @@ func TestRunbookSections(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
 	}
-	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint}
 	var sections []string
 	for _, l := range strings.Split(part, "\n") {
 		if h, ok := strings.CutPrefix(l, "## "); ok {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cni"
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
@@ -45,6 +46,8 @@ func (w *WireGuard) Unresolved() []wg.UnresolvedEndpoint { return w.Manager.Unre
 type Host struct {
 	Host *netlinkx.Host
 	CNI  *cni.File // nil without --cni
+	// Interface is the WireGuard interface, left out of EndpointRoutes.
+	Interface string
 }
 
 // Apply implements reconcile.Host.
@@ -135,6 +138,20 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 // Sysctl reads a sysctl of the node's network namespace (`meshlet
 // status`: ip_forward on a leader).
 func (h *Host) Sysctl(key string) (string, error) { return h.Host.ReadSysctl(key) }
+
+// EndpointRoutes reads the underlay's routes to the peers' endpoint
+// addresses (`meshlet status`: a private endpoint no route leads to).
+func (h *Host) EndpointRoutes(addrs []netip.Addr) (map[netip.Addr]diagnose.EndpointRoute, error) {
+	rs, err := h.Host.UnderlayRoutes(addrs, h.Interface)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[netip.Addr]diagnose.EndpointRoute, len(rs))
+	for a, r := range rs {
+		out[a] = diagnose.EndpointRoute(r)
+	}
+	return out, nil
+}
 
 // Drift reports, without changing anything, how the host differs from the
 // plan's link, routes and rules (`meshlet status`).

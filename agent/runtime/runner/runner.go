@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,6 +92,12 @@ type Drifter interface {
 // node.Host is one).
 type Sysctler interface {
 	Sysctl(key string) (string, error)
+}
+
+// EndpointRouter is a Host that reads the underlay's routes to addresses
+// (/status: the routes to the peers' endpoints; node.Host is one).
+type EndpointRouter interface {
+	EndpointRoutes(addrs []netip.Addr) (map[netip.Addr]diagnose.EndpointRoute, error)
 }
 
 // Unresolver is a WireGuard that remembers the endpoints its last apply
@@ -470,6 +477,15 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 	in.Snapshot = topology.Snapshot{Nodes: a.Local.State(a.opts.Config.ClusterName).Nodes}
 	if h, ok := a.opts.Host.(Sysctler); ok {
 		in.IPForward, _ = h.Sysctl("net.ipv4.ip_forward")
+	}
+	if r, ok := a.opts.Host.(EndpointRouter); ok && in.DeviceErr == nil {
+		var addrs []netip.Addr
+		for _, p := range in.Device.Peers {
+			if p.Endpoint.IsValid() {
+				addrs = append(addrs, p.Endpoint.Addr().Unmap())
+			}
+		}
+		in.EndpointRoutes, _ = r.EndpointRoutes(addrs) // nil: not read, and no finding relies on it
 	}
 	if u, ok := a.opts.WireGuard.(Unresolver); ok {
 		for _, e := range u.Unresolved() {

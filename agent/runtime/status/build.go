@@ -47,6 +47,9 @@ type Input struct {
 	Snapshot   topology.Snapshot
 	IPForward  string
 	Unresolved []diagnose.Unresolved
+	// EndpointRoutes: the underlay's routes to the peers' endpoint
+	// addresses (nil: not read).
+	EndpointRoutes map[netip.Addr]diagnose.EndpointRoute
 }
 
 // Build assembles the status.
@@ -137,7 +140,7 @@ func Build(in Input) Status {
 			peers = append(peers, p.Agent())
 		}
 		s.Findings = diagnose.NodeFindings(diagnose.NodeFacts{Node: in.Node, Settings: in.Settings, Snapshot: in.Snapshot, Plan: plan,
-			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved})
+			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved, EndpointRoutes: in.EndpointRoutes})
 	}
 	return s
 }

@@ -214,7 +214,7 @@ func WriteFinding(w io.Writer, f diagnose.Finding) {
 
 // Agent is the peer as `meshlet diagnose` judges it.
 func (p Peer) Agent() diagnose.AgentPeer {
-	return diagnose.AgentPeer{Name: p.Name, Kind: p.Kind, Cluster: p.Cluster, State: p.State, LastHandshake: p.LastHandshake, Allowed: p.Allowed,
+	return diagnose.AgentPeer{Name: p.Name, Kind: p.Kind, Cluster: p.Cluster, Location: p.Location, State: p.State, LastHandshake: p.LastHandshake, Allowed: p.Allowed,
 		Endpoint: p.Endpoint, Learned: p.Learned, Keepalive: p.Keepalive, RxBytes: p.RxBytes, TxBytes: p.TxBytes}
 }
 
