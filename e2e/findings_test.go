@@ -27,7 +27,7 @@ import (
 // namedIDs are the findings of issue 22 (agent/core/diagnose/findings.go).
 var namedIDs = []string{diagnose.IDLocationLabel, diagnose.IDTopologyLabel, diagnose.IDDuplicateKey, diagnose.IDNATNoKeepalive,
 	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl, diagnose.IDPeerAdmission,
-	diagnose.IDPrivateEndpoint}
+	diagnose.IDPrivateEndpoint, diagnose.IDLeaderPathDropped}
 
 // findings runs `meshlet diagnose` on cluster c with every running node's
 // `meshlet status -o json` (read on the node, passed with --status-file:
@@ -299,6 +299,27 @@ func TestFindings(t *testing.T) {
 		stop()
 		_ = off.Wait()
 		gone(t, leader.Name)
+	})
+
+	t.Run("cloud dropping what the leader forwards", func(t *testing.T) {
+		// The leader's underlay port drops packets not addressed to or
+		// from its own address (cloud anti-spoofing); unencapsulated,
+		// everything the leader forwards for its non-leader is such a
+		// packet. The non-leader's echo to the leader's WireGuard IP
+		// goes unanswered, the leader's own address answers.
+		leader, other := leaderOfX(t)
+		lift, err := leader.DropForeignAddresses(ctx)
+		must(t, err)
+		start := time.Now()
+		took, f := await(t, start, diagnose.IDLeaderPathDropped, "node "+other.Name, other)
+		lost := 0
+		if r, err := ay1.Ping(ctx, other.PodIP, 5, 200*time.Millisecond, time.Second); err == nil {
+			lost = r.Lost()
+		}
+		report(t, "%s on %s (leader %s's underlay dropping foreign addresses) detected in %s; a-y1 → %s's pod meanwhile: %d of 5 pings lost; %s",
+			diagnose.IDLeaderPathDropped, other.Name, leader.Name, took.Round(10*time.Millisecond), other.Name, lost, strings.Join(f.Evidence, "; "))
+		must(t, lift())
+		gone(t, other.Name)
 	})
 
 	t.Run("peer endpoint DNS name does not resolve", func(t *testing.T) {

@@ -573,6 +573,29 @@ func (n *Node) BlockWireGuard(ctx context.Context) (func() error, error) {
 	}, nil
 }
 
+// DropForeignAddresses makes the node's underlay behave as a cloud port
+// with anti-spoofing (AWS's source/destination check, OpenStack's port
+// security): packets leaving eth0 from an address that is not the node's,
+// and packets arriving on eth0 for one, are dropped. What a leader
+// forwards for its non-leaders unencapsulated is exactly such packets.
+func (n *Node) DropForeignAddresses(ctx context.Context) (func() error, error) {
+	ip := n.IP.Addr().String()
+	rules := `table inet e2e_antispoof {
+	chain in { type filter hook prerouting priority -300; iifname "eth0" ip daddr != ` + ip + ` drop; }
+	chain out { type filter hook postrouting priority 300; oifname "eth0" ip saddr != ` + ip + ` drop; }
+}
+`
+	if err := nftLoad(ctx, n.NS, rules); err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return func() error {
+		if _, err := run(context.Background(), "ip", "netns", "exec", n.NS, "nft", "delete", "table", "inet", "e2e_antispoof"); err != nil {
+			return fmt.Errorf("node %s: lifting the anti-spoofing rules: %w", n.Name, err)
+		}
+		return nil
+	}, nil
+}
+
 // RouteProtocol is meshlet's routing protocol number (netlinkx).
 const RouteProtocol = "109"
 

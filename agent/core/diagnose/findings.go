@@ -36,6 +36,11 @@ const (
 	// location at a private address, reached only through its default
 	// route, and heard nothing: no route joins the two private networks.
 	IDPrivateEndpoint = "PrivateEndpointNotRouted"
+	// IDLeaderPathDropped: a non-leader's echoes to its leader's WireGuard
+	// IP (routed through the leader) go unanswered while the leader's own
+	// address answers: the network drops packets not addressed to the
+	// nodes themselves, so the leader cannot forward for it.
+	IDLeaderPathDropped = "ForwardedTrafficDropped"
 	// IDInboundBlocked: the peer receives this node's handshakes and
 	// answers, and nothing reaches this node: its inbound UDP is dropped.
 	IDInboundBlocked = "InboundWireGuardBlocked"
@@ -120,9 +125,43 @@ type NodeFacts struct {
 	// IPForward is net.ipv4.ip_forward as read now ("" = not read).
 	IPForward  string
 	Unresolved []Unresolved
+	// LeaderPath is what this non-leader's probes of the path through its
+	// leader saw (nil: none ran).
+	LeaderPath *LeaderPath
 	// EndpointRoutes are the underlay's routes to the peers' endpoint
 	// addresses, as read now (absent: not read, or no route).
 	EndpointRoutes map[netip.Addr]EndpointRoute
+}
+
+// LeaderPath is a non-leader's probes of the path through its leader
+// (agent/runtime/health): Unanswered rounds in a row of an echo to the
+// leader's WireGuard IP, and whether the leader's private IP answered in
+// the last of them.
+type LeaderPath struct {
+	Leader         string
+	Via, Direct    netip.Addr
+	Unanswered     int
+	DirectAnswered bool
+}
+
+// leaderPathDropped is how many rounds in a row (5 s apart) make the
+// finding: one lost echo is no fault.
+const leaderPathDropped = 3
+
+// leaderPath: the path through the leader drops what the leader itself
+// answers.
+func leaderPath(f NodeFacts) []Finding {
+	lp := f.LeaderPath
+	if lp == nil || f.Plan.Leader || lp.Unanswered < leaderPathDropped || !lp.DirectAnswered {
+		return nil
+	}
+	return []Finding{{Severity: Error, Check: "forwarding", ID: IDLeaderPathDropped, Subject: "node " + f.Node,
+		Message: fmt.Sprintf("this node's traffic through its leader %s is dropped on the way: %s's WireGuard IP %s, reached through %s as everything this node sends to the mesh, does not answer, while %s's own address %s does — the network between drops packets not addressed to the nodes themselves (cloud anti-spoofing, source/destination check)",
+			lp.Leader, lp.Leader, lp.Via, lp.Leader, lp.Leader, lp.Direct),
+		Evidence: []string{fmt.Sprintf("echo to %s (%s's WireGuard IP, routed through it): unanswered %d times in a row, 5 s apart", lp.Via, lp.Leader, lp.Unanswered),
+			fmt.Sprintf("echo to %s (%s's private IP, direct): answered", lp.Direct, lp.Leader)},
+		Fix:     "let the nodes of this location send and receive packets of other addresses: AWS: disable the source/destination check; OpenStack: allowed-address-pairs for the pod and WireGuard CIDRs (or port security off); GCP: canIpForward; or encapsulate within the location (--encapsulate=always)",
+		Runbook: runbook(IDLeaderPathDropped)}}
 }
 
 // EndpointRoute is the host's route to a peer's endpoint address, leaving
@@ -152,6 +191,7 @@ func NodeFindings(f NodeFacts) []Finding {
 	}
 	fs = append(fs, noReply(f)...)
 	fs = append(fs, ipForward(f)...)
+	fs = append(fs, leaderPath(f)...)
 	fs = append(fs, unresolved(f.Node, f.Unresolved)...)
 	fs = append(fs, ciliumTunl(f)...)
 	return fs

@@ -111,6 +111,18 @@ func TestNodeFindings(t *testing.T) {
 			f.Peers = []AgentPeer{p}
 			f.EndpointRoutes = map[netip.Addr]EndpointRoute{netip.MustParseAddr("192.168.0.3"): defaultRoute}
 		}, want: []string{IDNoReply + " node a1"}},
+		{name: "non-leader: the path through its leader drops, the leader answers", facts: func(f *NodeFacts) {
+			f.Plan.Leader, f.LeaderPath = false, &LeaderPath{Leader: "a2", Via: netip.MustParseAddr("10.4.0.1"), Direct: netip.MustParseAddr("192.168.0.2"), Unanswered: 3, DirectAnswered: true}
+		}, want: []string{IDLeaderPathDropped + " node a1"}, detail: "unanswered 3 times in a row"},
+		{name: "non-leader: two unanswered rounds, not yet", facts: func(f *NodeFacts) {
+			f.Plan.Leader, f.LeaderPath = false, &LeaderPath{Leader: "a2", Via: netip.MustParseAddr("10.4.0.1"), Direct: netip.MustParseAddr("192.168.0.2"), Unanswered: 2, DirectAnswered: true}
+		}},
+		{name: "non-leader: the leader answers nothing (down: failover's case)", facts: func(f *NodeFacts) {
+			f.Plan.Leader, f.LeaderPath = false, &LeaderPath{Leader: "a2", Via: netip.MustParseAddr("10.4.0.1"), Direct: netip.MustParseAddr("192.168.0.2"), Unanswered: 5, DirectAnswered: false}
+		}},
+		{name: "non-leader: the path answers", facts: func(f *NodeFacts) {
+			f.Plan.Leader, f.LeaderPath = false, &LeaderPath{Leader: "a2", Via: netip.MustParseAddr("10.4.0.1"), Direct: netip.MustParseAddr("192.168.0.2"), Unanswered: 0, DirectAnswered: false}
+		}},
 		{name: "two initiations: not yet", facts: func(f *NodeFacts) {
 			p := blocked
 			p.TxBytes = 2 * initiationBytes
@@ -272,7 +284,7 @@ func TestRunbookSections(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
 	}
-	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped}
 	var sections []string
 	for _, l := range strings.Split(part, "\n") {
 		if h, ok := strings.CutPrefix(l, "## "); ok {

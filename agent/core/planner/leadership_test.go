@@ -299,12 +299,19 @@ func TestHealthPublishedAndProbes(t *testing.T) {
 			}
 		})
 	}
-	// A non-leader probes no tunnel and publishes none.
+	// A non-leader probes no tunnel and publishes none; it probes the path
+	// through its leader.
 	s := selfOf(nodes[1], "eth0")
 	s.Version = "v1"
 	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Lease: held("x-1", 0), Settings: topology.Settings{HealthProbes: true}}, s)
-	if pl.Probes != nil || pl.Annotations[topology.AnnotationTunnels] != "" {
-		t.Errorf("non-leader: probes %+v tunnels %q", pl.Probes, pl.Annotations[topology.AnnotationTunnels])
+	want := &topology.Probes{LeaderPath: &topology.LeaderPathProbe{Leader: "x-1", Via: addr("10.4.0.1"), Direct: nodes[0].InternalIP.Addr()}}
+	if !reflect.DeepEqual(pl.Probes, want) || pl.Annotations[topology.AnnotationTunnels] != "" {
+		t.Errorf("non-leader: probes %+v (leader path %+v) tunnels %q; want %+v", pl.Probes, pl.Probes.LeaderPath, pl.Annotations[topology.AnnotationTunnels], want.LeaderPath)
+	}
+	// Without health probes, none.
+	pl = Compute(topology.Snapshot{Now: now, Nodes: nodes, Lease: held("x-1", 0)}, s)
+	if pl.Probes != nil {
+		t.Errorf("non-leader without health probes: probes %+v", pl.Probes)
 	}
 }
 

@@ -78,8 +78,28 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 			pl.Annotations[k] = v
 		}
 		pl.Probes = probes
+		if lp := leaderPath(local, pl.Leader); lp != nil {
+			if pl.Probes == nil {
+				pl.Probes = &topology.Probes{}
+			}
+			pl.Probes.LeaderPath = lp
+		}
 	}
 	pl.Annotations[topology.AnnotationDiscoveredEndpoints] = topology.FormatDiscoveredEndpoints(topology.DiscoveredToPublish(self, local, pl.WireGuard.Peers))
 	pl.Rejections = rejections
 	return topology.Normalize(pl, local, set, self.Name)
+}
+
+// leaderPath is a non-leader's probe of the path through its leader (nil
+// on a leader, or when the leader has no WireGuard IP or private IP).
+func leaderPath(local topology.Local, leader bool) *topology.LeaderPathProbe {
+	seg := local.SelfSegment
+	if leader || seg == nil || !seg.WireGuardIP.IsValid() {
+		return nil
+	}
+	ln := seg.LeaderNode()
+	if !ln.InternalIP.IsValid() {
+		return nil
+	}
+	return &topology.LeaderPathProbe{Leader: ln.Name, Via: seg.WireGuardIP, Direct: ln.InternalIP.Addr()}
 }

@@ -103,6 +103,21 @@ type Probes struct {
 	Peers  []ProbeTarget `json:"peers,omitempty"`
 	// Gateway is the underlay gateway to probe (invalid = none).
 	Gateway netip.Addr `json:"gateway,omitzero"`
+	// LeaderPath, on a non-leader, is the path through its leader to
+	// probe (nil = none).
+	LeaderPath *LeaderPathProbe `json:"leaderPath,omitempty"`
+}
+
+// LeaderPathProbe is a non-leader's probe of the path every packet it
+// sends to the mesh takes: an echo to its leader's WireGuard IP, routed
+// through the leader like that traffic, and, when that goes unanswered,
+// one to the leader's own address on the underlay. The first answered and
+// the second not is what a network that drops packets not addressed to the
+// nodes themselves does (cloud anti-spoofing, docs/runbooks.md).
+type LeaderPathProbe struct {
+	Leader string     `json:"leader"`
+	Via    netip.Addr `json:"via"`    // the leader's WireGuard IP
+	Direct netip.Addr `json:"direct"` // the leader's private IP
 }
 
 // ProbeTarget is one tunnel to probe: the peer's WireGuard IP.

@@ -13,6 +13,14 @@
 //     reply, so a node cut off from its network is seen as such. A gateway
 //     that never answered is not judged (some drop pings).
 //
+// And on a non-leader, every LeaderPathInterval, the path through its
+// leader (topology.LeaderPathProbe): one echo to the leader's WireGuard
+// IP, routed through the leader as everything this node sends to the mesh;
+// only when that goes unanswered, one to the leader's private IP. Not
+// judged by the planner: `meshlet status` reports it (a finding when the
+// first fails and the second answers). One 84-byte echo per 5 s on a
+// healthy mesh.
+//
 // Probing makes traffic on every tunnel between leaders (a probe a second
 // at most), so WireGuard renews those sessions about every two minutes,
 // as with a persistent keepalive.
@@ -37,6 +45,28 @@ import (
 // DefaultInterval is how often the probes run.
 const DefaultInterval = time.Second
 
+// LeaderPathInterval is how often a non-leader probes the path through
+// its leader; LeaderPathTimeout is how long it waits for each answer.
+const (
+	LeaderPathInterval = 5 * time.Second
+	LeaderPathTimeout  = time.Second
+)
+
+// LeaderPath is what a non-leader's probes of the path through its leader
+// saw.
+type LeaderPath struct {
+	topology.LeaderPathProbe
+	// Probed: at least one round ran.
+	Probed bool
+	// Unanswered counts the rounds in a row whose echo to the leader's
+	// WireGuard IP went unanswered; DirectAnswered says whether, in the
+	// last of them, the leader's private IP answered.
+	Unanswered     int
+	DirectAnswered bool
+	// LastAnswered is when the WireGuard IP last answered (zero: never).
+	LastAnswered time.Time
+}
+
 // Prober runs the probes the last plan asked for.
 type Prober struct {
 	// Stats reads the WireGuard device's counters.
@@ -60,6 +90,7 @@ type Prober struct {
 	tunnels map[topology.Key]*tunnel
 	gw      topology.GatewayProbe
 	gwDown  bool
+	path    LeaderPath
 	wake    chan struct{}
 }
 
@@ -107,6 +138,13 @@ func (p *Prober) Follow(plan topology.Plan) {
 	if pr.Gateway != p.gw.Addr {
 		p.gw, p.gwDown = topology.GatewayProbe{Addr: pr.Gateway, Since: now}, false
 	}
+	var lp topology.LeaderPathProbe
+	if pr.LeaderPath != nil {
+		lp = *pr.LeaderPath
+	}
+	if lp != p.path.LeaderPathProbe {
+		p.path = LeaderPath{LeaderPathProbe: lp} // a new leader is a new path
+	}
 	p.probes = pr
 	if p.wake != nil {
 		select {
@@ -150,6 +188,7 @@ func (p *Prober) Run(ctx context.Context) {
 	p.wake = make(chan struct{}, 1)
 	p.mu.Unlock()
 	go p.runGateway(ctx)
+	go p.runLeaderPath(ctx)
 	t := p.clock().NewTicker(p.Interval)
 	defer t.Stop()
 	for {
@@ -290,6 +329,76 @@ func (p *Prober) gatewayRound(ctx context.Context) {
 	}
 	if changed || down || recovering {
 		p.notify()
+	}
+}
+
+// LeaderPath is what the probes of the path through the leader saw (nil
+// when the plan asks for none: a leader, or no plan yet).
+func (p *Prober) LeaderPath() *LeaderPath {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.path.Via.IsValid() {
+		return nil
+	}
+	lp := p.path
+	return &lp
+}
+
+// runLeaderPath probes the path through the leader every
+// LeaderPathInterval.
+func (p *Prober) runLeaderPath(ctx context.Context) {
+	t := p.clock().NewTicker(LeaderPathInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		p.leaderPathRound(ctx)
+	}
+}
+
+// leaderPathDropped is how many unanswered rounds in a row, with the
+// leader answering directly, are logged as the path dropping traffic (the
+// finding's bound too: agent/core/diagnose).
+const leaderPathDropped = 3
+
+// leaderPathRound probes once and records the answers.
+func (p *Prober) leaderPathRound(ctx context.Context) {
+	p.mu.Lock()
+	target := p.path.LeaderPathProbe
+	p.mu.Unlock()
+	if !target.Via.IsValid() {
+		return
+	}
+	via, err := p.Ping(ctx, target.Via, LeaderPathTimeout)
+	if err != nil && ctx.Err() == nil {
+		p.log().Debug("leader path probe", "leader", target.Leader, "to", target.Via.String(), "error", err)
+	}
+	direct := false
+	if !via && target.Direct.IsValid() {
+		direct, _ = p.Ping(ctx, target.Direct, LeaderPathTimeout)
+	}
+	now := p.clock().Now()
+	p.mu.Lock()
+	if p.path.LeaderPathProbe != target {
+		p.mu.Unlock()
+		return
+	}
+	was := p.path.Unanswered >= leaderPathDropped && p.path.DirectAnswered
+	p.path.Probed = true
+	if via {
+		p.path.Unanswered, p.path.DirectAnswered, p.path.LastAnswered = 0, false, now
+	} else {
+		p.path.Unanswered++
+		p.path.DirectAnswered = direct
+	}
+	is := p.path.Unanswered >= leaderPathDropped && p.path.DirectAnswered
+	p.mu.Unlock()
+	if is != was {
+		p.log().Info("leader path probe", "leader", target.Leader, "via", target.Via.String(), "direct", target.Direct.String(),
+			"dropped", is)
 	}
 }
 

@@ -156,3 +156,58 @@ func TestGatewayProbe(t *testing.T) {
 		t.Error("the loop was never woken")
 	}
 }
+
+// TestLeaderPathProbe: a non-leader's rounds through its leader — answered,
+// then the WireGuard IP silent while the leader's own address answers
+// (the path drops what is not addressed to the nodes), then both silent
+// (the leader down: not that), then a new leader's path starting afresh.
+func TestLeaderPathProbe(t *testing.T) {
+	via, direct := netip.MustParseAddr("10.4.0.1"), netip.MustParseAddr("172.20.0.11")
+	answers := map[netip.Addr]bool{via: true, direct: true}
+	var pinged []netip.Addr
+	clk := testingclock.NewFakeClock(time.Unix(1_800_000_000, 0))
+	p := &Prober{Clock: clk, Ping: func(_ context.Context, dst netip.Addr, _ time.Duration) (bool, error) {
+		pinged = append(pinged, dst)
+		return answers[dst], nil
+	}}
+	ctx := context.Background()
+	if p.LeaderPath() != nil {
+		t.Fatal("a path before any plan asked for one")
+	}
+	target := topology.LeaderPathProbe{Leader: "a-x1", Via: via, Direct: direct}
+	p.Follow(topology.Plan{Probes: &topology.Probes{LeaderPath: &target}})
+	type want struct {
+		unanswered int
+		direct     bool
+		pinged     int
+	}
+	round := func(step string, w want) {
+		t.Helper()
+		pinged = nil
+		clk.Step(LeaderPathInterval)
+		p.leaderPathRound(ctx)
+		got := p.LeaderPath()
+		if got == nil || !got.Probed || got.Unanswered != w.unanswered || got.DirectAnswered != w.direct || len(pinged) != w.pinged {
+			t.Fatalf("%s: %+v after pinging %v; want %d unanswered, direct answered %v, %d pings", step, got, pinged, w.unanswered, w.direct, w.pinged)
+		}
+	}
+	round("healthy", want{0, false, 1})
+	answered := clk.Now()
+	answers[via] = false
+	for i := 1; i <= 3; i++ {
+		round("the path dropping", want{i, true, 2})
+	}
+	if got := p.LeaderPath(); !got.LastAnswered.Equal(answered) {
+		t.Errorf("last answered %v, want %v", got.LastAnswered, answered)
+	}
+	answers[direct] = false
+	round("the leader gone", want{4, false, 2})
+	p.Follow(topology.Plan{Probes: &topology.Probes{LeaderPath: &topology.LeaderPathProbe{Leader: "a-x2", Via: via, Direct: netip.MustParseAddr("172.20.0.12")}}})
+	if got := p.LeaderPath(); got.Probed || got.Unanswered != 0 || got.Leader != "a-x2" {
+		t.Fatalf("a new leader's path: %+v, want a fresh start", got)
+	}
+	p.Follow(topology.Plan{})
+	if p.LeaderPath() != nil {
+		t.Error("a path while the plan asks for none (this node leads)")
+	}
+}

@@ -487,6 +487,11 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 		}
 		in.EndpointRoutes, _ = r.EndpointRoutes(addrs) // nil: not read, and no finding relies on it
 	}
+	if a.prober != nil {
+		if lp := a.prober.LeaderPath(); lp != nil && lp.Probed {
+			in.LeaderPath = &diagnose.LeaderPath{Leader: lp.Leader, Via: lp.Via, Direct: lp.Direct, Unanswered: lp.Unanswered, DirectAnswered: lp.DirectAnswered}
+		}
+	}
 	if u, ok := a.opts.WireGuard.(Unresolver); ok {
 		for _, e := range u.Unresolved() {
 			in.Unresolved = append(in.Unresolved, diagnose.Unresolved{Peer: e.Name, Endpoint: e.Endpoint, Error: e.Error})

@@ -50,6 +50,9 @@ type Input struct {
 	// EndpointRoutes: the underlay's routes to the peers' endpoint
 	// addresses (nil: not read).
 	EndpointRoutes map[netip.Addr]diagnose.EndpointRoute
+	// LeaderPath: a non-leader's probes of the path through its leader
+	// (nil: none).
+	LeaderPath *diagnose.LeaderPath
 }
 
 // Build assembles the status.
@@ -140,7 +143,7 @@ func Build(in Input) Status {
 			peers = append(peers, p.Agent())
 		}
 		s.Findings = diagnose.NodeFindings(diagnose.NodeFacts{Node: in.Node, Settings: in.Settings, Snapshot: in.Snapshot, Plan: plan,
-			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved, EndpointRoutes: in.EndpointRoutes})
+			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved, EndpointRoutes: in.EndpointRoutes, LeaderPath: in.LeaderPath})
 	}
 	return s
 }
