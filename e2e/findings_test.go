@@ -27,7 +27,7 @@ import (
 // namedIDs are the findings of issue 22 (agent/core/diagnose/findings.go).
 var namedIDs = []string{diagnose.IDLocationLabel, diagnose.IDTopologyLabel, diagnose.IDDuplicateKey, diagnose.IDNATNoKeepalive,
 	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl, diagnose.IDPeerAdmission,
-	diagnose.IDPrivateEndpoint, diagnose.IDLeaderPathDropped}
+	diagnose.IDPrivateEndpoint, diagnose.IDLeaderPathDropped, diagnose.IDPathMTU}
 
 // findings runs `meshlet diagnose` on cluster c with every running node's
 // `meshlet status -o json` (read on the node, passed with --status-file:
@@ -320,6 +320,30 @@ func TestFindings(t *testing.T) {
 			diagnose.IDLeaderPathDropped, other.Name, leader.Name, took.Round(10*time.Millisecond), other.Name, lost, strings.Join(f.Evidence, "; "))
 		must(t, lift())
 		gone(t, other.Name)
+	})
+
+	t.Run("path MTU smaller than the WireGuard MTU assumes", func(t *testing.T) {
+		// a-y1's link takes frames of 1400 B: what x's leader sends it
+		// at kilo0's full 1420 B crosses the underlay as 1500 B and is
+		// dropped on the way in, silently (no ICMP comes back).
+		leader, _ := leaderOfX(t)
+		setMTU := func(mtu string) {
+			t.Helper()
+			if out, err := exec.CommandContext(ctx, "ip", "-n", ay1.NS, "link", "set", "eth0", "mtu", mtu).CombinedOutput(); err != nil {
+				t.Fatalf("ip link set eth0 mtu %s: %v\n%s", mtu, err, out)
+			}
+		}
+		setMTU("1400")
+		start := time.Now()
+		took, f := await(t, start, diagnose.IDPathMTU, "node "+leader.Name, leader)
+		pingOK := func(size string) bool {
+			_, err := leader.Exec(ctx, "ping", "-n", "-q", "-c", "2", "-W", "1", "-M", "do", "-s", size, "-I", leader.PodIP.String(), ay1.PodIP.String())
+			return err == nil
+		}
+		report(t, "%s on %s (a-y1's link MTU 1400) detected in %s; %s's pod → a-y1's pod: 56 B answered %v, 1392 B (1420 with headers, DF) answered %v; %s",
+			diagnose.IDPathMTU, leader.Name, took.Round(10*time.Millisecond), leader.Name, pingOK("56"), pingOK("1392"), strings.Join(f.Evidence, "; "))
+		setMTU("1500")
+		gone(t, leader.Name)
 	})
 
 	t.Run("peer endpoint DNS name does not resolve", func(t *testing.T) {

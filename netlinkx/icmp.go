@@ -37,9 +37,15 @@ func Echo(ctx context.Context, src, dst netip.Addr, payload string) error {
 // Ping sends one ICMP echo request to dst and reports whether its reply
 // (matched by identifier, sequence and source) arrived within timeout.
 func Ping(ctx context.Context, dst netip.Addr, timeout time.Duration, payload string) (bool, error) {
+	return PingFrom(ctx, netip.Addr{}, dst, timeout, payload)
+}
+
+// PingFrom is Ping leaving from src when src is valid (as Echo): through
+// the tunnel when src is this leader's WireGuard IP.
+func PingFrom(ctx context.Context, src, dst netip.Addr, timeout time.Duration, payload string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, id, n, err := send(ctx, netip.Addr{}, dst, payload)
+	c, id, n, err := send(ctx, src, dst, payload)
 	if err != nil {
 		return false, err
 	}

@@ -41,6 +41,10 @@ const (
 	// address answers: the network drops packets not addressed to the
 	// nodes themselves, so the leader cannot forward for it.
 	IDLeaderPathDropped = "ForwardedTrafficDropped"
+	// IDPathMTU: a leader's full-size probes through a live tunnel go
+	// unanswered: the path carries less than the WireGuard interface's
+	// MTU plus WireGuard's overhead.
+	IDPathMTU = "PathMTUTooSmall"
 	// IDInboundBlocked: the peer receives this node's handshakes and
 	// answers, and nothing reaches this node: its inbound UDP is dropped.
 	IDInboundBlocked = "InboundWireGuardBlocked"
@@ -125,6 +129,9 @@ type NodeFacts struct {
 	// IPForward is net.ipv4.ip_forward as read now ("" = not read).
 	IPForward  string
 	Unresolved []Unresolved
+	// PathMTUs are what this leader's full-size probes of its live tunnels
+	// saw.
+	PathMTUs []PathMTU
 	// LeaderPath is what this non-leader's probes of the path through its
 	// leader saw (nil: none ran).
 	LeaderPath *LeaderPath
@@ -142,6 +149,47 @@ type LeaderPath struct {
 	Via, Direct    netip.Addr
 	Unanswered     int
 	DirectAnswered bool
+}
+
+// PathMTU is one tunnel's full-size probes (agent/runtime/health):
+// Unanswered echoes of MTU bytes in a row while the tunnel was alive.
+type PathMTU struct {
+	Name, Cluster string
+	Addr          netip.Addr
+	MTU           int
+	Unanswered    int
+}
+
+// pathMTUUnanswered is how many full-size probes in a row (15 s apart) make
+// the finding.
+const pathMTUUnanswered = 2
+
+// wireGuardOverhead is what WireGuard adds to an IPv4 packet: outer IPv4
+// and UDP headers, its own header and tag (docs/wireguard.md).
+const wireGuardOverhead = 80
+
+// pathMTU: a live tunnel that loses full-size packets.
+func pathMTU(f NodeFacts) []Finding {
+	if !f.Plan.Leader {
+		return nil
+	}
+	var fs []Finding
+	for _, m := range f.PathMTUs {
+		if m.Unanswered < pathMTUUnanswered {
+			continue
+		}
+		peer := m.Name
+		if m.Cluster != "" {
+			peer += " (cluster " + m.Cluster + ")"
+		}
+		fs = append(fs, Finding{Severity: Error, Check: "path MTU", ID: IDPathMTU, Subject: "node " + f.Node,
+			Message: fmt.Sprintf("full-size packets to %s are lost: the tunnel answers small probes, but not an echo of %d B (%s's MTU), which crosses the underlay as %d B: the path carries less and drops the rest, so pings pass and big transfers stall",
+				peer, m.MTU, orNone(f.Plan.WireGuard.Interface), m.MTU+wireGuardOverhead),
+			Evidence: []string{fmt.Sprintf("echo of %d B to %s (%s's WireGuard IP) through the tunnel: unanswered %d times in a row, 15 s apart, while the tunnel's small probes were answered", m.MTU, m.Addr, m.Name, m.Unanswered)},
+			Fix:      fmt.Sprintf("lower the WireGuard MTU on the nodes of both locations (--mtu, Kilo's flag: the path's MTU − %d; 1280 fits any IPv4 path), or let the path's routers send ICMP \"fragmentation needed\" back", wireGuardOverhead),
+			Runbook:  runbook(IDPathMTU)})
+	}
+	return fs
 }
 
 // leaderPathDropped is how many rounds in a row (5 s apart) make the
@@ -192,6 +240,7 @@ func NodeFindings(f NodeFacts) []Finding {
 	fs = append(fs, noReply(f)...)
 	fs = append(fs, ipForward(f)...)
 	fs = append(fs, leaderPath(f)...)
+	fs = append(fs, pathMTU(f)...)
 	fs = append(fs, unresolved(f.Node, f.Unresolved)...)
 	fs = append(fs, ciliumTunl(f)...)
 	return fs

@@ -123,6 +123,13 @@ func TestNodeFindings(t *testing.T) {
 		{name: "non-leader: the path answers", facts: func(f *NodeFacts) {
 			f.Plan.Leader, f.LeaderPath = false, &LeaderPath{Leader: "a2", Via: netip.MustParseAddr("10.4.0.1"), Direct: netip.MustParseAddr("192.168.0.2"), Unanswered: 0, DirectAnswered: false}
 		}},
+		{name: "leader: a tunnel losing full-size packets", facts: func(f *NodeFacts) {
+			f.Plan.WireGuard.Interface = "kilo0"
+			f.PathMTUs = []PathMTU{{Name: "b1", Addr: netip.MustParseAddr("10.4.0.2"), MTU: 1420, Unanswered: 2}, {Name: "c1", Addr: netip.MustParseAddr("10.4.0.3"), MTU: 1420}}
+		}, want: []string{IDPathMTU + " node a1"}, detail: "echo of 1420 B to 10.4.0.2 (b1's WireGuard IP) through the tunnel: unanswered 2 times"},
+		{name: "leader: one full-size probe lost, not yet", facts: func(f *NodeFacts) {
+			f.PathMTUs = []PathMTU{{Name: "b1", Addr: netip.MustParseAddr("10.4.0.2"), MTU: 1420, Unanswered: 1}}
+		}},
 		{name: "two initiations: not yet", facts: func(f *NodeFacts) {
 			p := blocked
 			p.TxBytes = 2 * initiationBytes
@@ -284,7 +291,7 @@ func TestRunbookSections(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
 	}
-	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped, IDPathMTU}
 	var sections []string
 	for _, l := range strings.Split(part, "\n") {
 		if h, ok := strings.CutPrefix(l, "## "); ok {

@@ -13,6 +13,13 @@
 //     reply, so a node cut off from its network is seen as such. A gateway
 //     that never answered is not judged (some drop pings).
 //
+// On a leader, every PathMTUInterval, each live tunnel also gets one echo
+// as big as the WireGuard interface's MTU, its reply awaited: small probes
+// answered and the full-size one not is a path whose MTU is smaller than
+// the interface assumes (pings pass, big transfers stall). Not judged by
+// the planner: `meshlet status` reports it. One MTU-sized echo per tunnel
+// per 15 s.
+//
 // And on a non-leader, every LeaderPathInterval, the path through its
 // leader (topology.LeaderPathProbe): one echo to the leader's WireGuard
 // IP, routed through the leader as everything this node sends to the mesh;
@@ -30,6 +37,8 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +60,23 @@ const (
 	LeaderPathInterval = 5 * time.Second
 	LeaderPathTimeout  = time.Second
 )
+
+// PathMTUInterval is how often a leader sends each live tunnel a full-size
+// echo.
+const PathMTUInterval = 15 * time.Second
+
+// PathMTU is what the full-size probes of one tunnel saw.
+type PathMTU struct {
+	Name, Cluster string
+	Addr          netip.Addr
+	// MTU is the size of the probe (the interface's MTU).
+	MTU int
+	// Unanswered counts the full-size probes in a row that went
+	// unanswered while the tunnel was alive; Answered is when one last
+	// came back (zero: never).
+	Unanswered int
+	Answered   time.Time
+}
 
 // LeaderPath is what a non-leader's probes of the path through its leader
 // saw.
@@ -76,7 +102,10 @@ type Prober struct {
 	Echo func(ctx context.Context, src, dst netip.Addr) error
 	// Ping sends one echo to dst and reports whether it answered within
 	// timeout (nil: ICMP through the host's raw socket).
-	Ping     func(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error)
+	Ping func(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error)
+	// PingFrom sends one echo with payload as its data from src to dst and
+	// reports whether it answered within timeout (nil: the raw socket).
+	PingFrom func(ctx context.Context, src, dst netip.Addr, timeout time.Duration, payload string) (bool, error)
 	Interval time.Duration
 	// Notify wakes the reconcile loop when what the probes saw can change
 	// the plan.
@@ -91,6 +120,7 @@ type Prober struct {
 	gw      topology.GatewayProbe
 	gwDown  bool
 	path    LeaderPath
+	mtu     int // the WireGuard interface's, for the full-size probes
 	wake    chan struct{}
 }
 
@@ -100,6 +130,8 @@ type tunnel struct {
 	rx    int64
 	seen  bool // rx is a reading
 	state string
+	// The full-size probes (PathMTU; MTU 0: none ran).
+	mtu PathMTU
 }
 
 func (p *Prober) clock() clock.WithTicker {
@@ -146,6 +178,7 @@ func (p *Prober) Follow(plan topology.Plan) {
 		p.path = LeaderPath{LeaderPathProbe: lp} // a new leader is a new path
 	}
 	p.probes = pr
+	p.mtu = plan.WireGuard.MTU
 	if p.wake != nil {
 		select {
 		case p.wake <- struct{}{}:
@@ -179,6 +212,11 @@ func (p *Prober) Run(ctx context.Context) {
 			return netlinkx.Echo(ctx, src, dst, "meshlet tunnel probe")
 		}
 	}
+	if p.PingFrom == nil {
+		p.PingFrom = func(ctx context.Context, src, dst netip.Addr, timeout time.Duration, payload string) (bool, error) {
+			return netlinkx.PingFrom(ctx, src, dst, timeout, payload)
+		}
+	}
 	if p.Ping == nil {
 		p.Ping = func(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error) {
 			return netlinkx.Ping(ctx, dst, timeout, "meshlet gateway probe")
@@ -189,6 +227,7 @@ func (p *Prober) Run(ctx context.Context) {
 	p.mu.Unlock()
 	go p.runGateway(ctx)
 	go p.runLeaderPath(ctx)
+	go p.every(ctx, PathMTUInterval, p.pathMTURound)
 	t := p.clock().NewTicker(p.Interval)
 	defer t.Stop()
 	for {
@@ -331,6 +370,97 @@ func (p *Prober) gatewayRound(ctx context.Context) {
 		p.notify()
 	}
 }
+
+// PathMTUs are what the full-size probes of the tunnels saw (those probed
+// at least once), by peer name.
+func (p *Prober) PathMTUs() []PathMTU {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []PathMTU
+	for _, t := range p.tunnels {
+		if t.mtu.MTU > 0 {
+			out = append(out, t.mtu)
+		}
+	}
+	slices.SortFunc(out, func(a, b PathMTU) int { return strings.Compare(a.Cluster+"/"+a.Name, b.Cluster+"/"+b.Name) })
+	return out
+}
+
+// every runs round every d until ctx ends.
+func (p *Prober) every(ctx context.Context, d time.Duration, round func(context.Context)) {
+	t := p.clock().NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		round(ctx)
+	}
+}
+
+// pathMTURound sends every live tunnel one full-size echo, one after the
+// other, and records the answers.
+func (p *Prober) pathMTURound(ctx context.Context) {
+	now := p.clock().Now()
+	p.mu.Lock()
+	src, mtu := p.probes.Source, p.mtu
+	type target struct {
+		key  topology.Key
+		name string
+		addr netip.Addr
+	}
+	var ts []target
+	for _, pt := range p.probes.Peers {
+		if t, ok := p.tunnels[pt.PublicKey]; ok && failover.TunnelState(t.probe, now) == failover.TunnelAlive {
+			ts = append(ts, target{pt.PublicKey, pt.Name, pt.Addr})
+		}
+	}
+	clusters := map[topology.Key]string{}
+	for _, pt := range p.probes.Peers {
+		clusters[pt.PublicKey] = pt.Cluster
+	}
+	p.mu.Unlock()
+	// An IPv4 echo of mtu bytes: 20 of IP header, 8 of ICMP, the rest data.
+	if !src.IsValid() || mtu < 68 || len(ts) == 0 {
+		return
+	}
+	payload := strings.Repeat("m", mtu-28)
+	for _, tg := range ts {
+		ok, err := p.PingFrom(ctx, src, tg.addr, LeaderPathTimeout, payload)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			p.log().Debug("path MTU probe", "peer", tg.name, "error", err)
+			continue
+		}
+		at := p.clock().Now()
+		p.mu.Lock()
+		t, live := p.tunnels[tg.key]
+		if live {
+			if t.mtu.MTU != mtu {
+				t.mtu = PathMTU{} // a new size is a new question
+			}
+			before := t.mtu.Unanswered
+			t.mtu.Name, t.mtu.Cluster, t.mtu.Addr, t.mtu.MTU = tg.name, clusters[tg.key], tg.addr, mtu
+			if ok {
+				t.mtu.Unanswered, t.mtu.Answered = 0, at
+			} else {
+				t.mtu.Unanswered++
+			}
+			if (before >= pathMTUUnanswered) != (t.mtu.Unanswered >= pathMTUUnanswered) {
+				p.log().Info("path MTU probe", "peer", tg.name, "mtu", mtu, "answered", ok)
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// pathMTUUnanswered is how many full-size probes in a row, unanswered on
+// a live tunnel, are logged (the finding's bound too: agent/core/diagnose).
+const pathMTUUnanswered = 2
 
 // LeaderPath is what the probes of the path through the leader saw (nil
 // when the plan asks for none: a leader, or no plan yet).

@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -209,5 +210,76 @@ func TestLeaderPathProbe(t *testing.T) {
 	p.Follow(topology.Plan{})
 	if p.LeaderPath() != nil {
 		t.Error("a path while the plan asks for none (this node leads)")
+	}
+}
+
+// TestPathMTUProbe: a leader's full-size probes — sent only on live
+// tunnels, MTU bytes each from the leader's WireGuard IP; a path that
+// drops them counts up while the small probes keep the tunnel alive, an
+// answer resets it, a new MTU starts afresh.
+func TestPathMTUProbe(t *testing.T) {
+	ka, kb := topology.Key{1}, topology.Key{2}
+	a, b := netip.MustParseAddr("10.4.0.2"), netip.MustParseAddr("10.4.0.3")
+	src := netip.MustParseAddr("10.4.0.1")
+	dev := &fakeDevice{rx: map[topology.Key]int64{ka: 0, kb: 0}}
+	clk := testingclock.NewFakeClock(time.Unix(1_800_000_000, 0))
+	big := map[netip.Addr]bool{a: true, b: false} // b's path drops full-size packets
+	var sizes []int
+	var pinged []netip.Addr
+	p := &Prober{Stats: dev.stats, Echo: dev.echo, Clock: clk, Interval: time.Second,
+		PingFrom: func(_ context.Context, from, dst netip.Addr, _ time.Duration, payload string) (bool, error) {
+			if from != src {
+				t.Errorf("full-size probe from %s, want %s", from, src)
+			}
+			sizes, pinged = append(sizes, len(payload)+28), append(pinged, dst)
+			return big[dst], nil
+		}}
+	ctx := context.Background()
+	plan := topology.Plan{WireGuard: topology.Device{MTU: 1420}, Probes: &topology.Probes{Source: src,
+		Peers: []topology.ProbeTarget{{Name: "a", PublicKey: ka, Addr: a}, {Name: "b", Cluster: "cluster-b", PublicKey: kb, Addr: b}}}}
+	p.Follow(plan)
+	p.round(ctx) // the baseline reading
+	// Only a answers the small probes: b's tunnel is not alive, so it
+	// gets no full-size probe.
+	clk.Step(time.Second)
+	dev.receive(ka)
+	p.round(ctx)
+	p.pathMTURound(ctx)
+	if fmt.Sprint(pinged) != "[10.4.0.2]" || sizes[0] != 1420 {
+		t.Fatalf("full-size probes to %v of %v bytes; want one to a of 1420", pinged, sizes)
+	}
+	// Both alive now: b's full-size probes go unanswered.
+	for i := 1; i <= 2; i++ {
+		clk.Step(time.Second)
+		dev.receive(ka)
+		dev.receive(kb)
+		p.round(ctx)
+		pinged = nil
+		p.pathMTURound(ctx)
+		if len(pinged) != 2 {
+			t.Fatalf("round %d: full-size probes to %v, want both", i, pinged)
+		}
+	}
+	got := p.PathMTUs()
+	if len(got) != 2 || got[0].Name != "a" || got[0].Unanswered != 0 || got[0].Answered.IsZero() ||
+		got[1].Name != "b" || got[1].Cluster != "cluster-b" || got[1].Unanswered != 2 || got[1].MTU != 1420 || !got[1].Answered.IsZero() {
+		t.Fatalf("path MTUs %+v", got)
+	}
+	big[b] = true
+	clk.Step(time.Second)
+	dev.receive(ka)
+	dev.receive(kb)
+	p.round(ctx)
+	p.pathMTURound(ctx)
+	if got := p.PathMTUs(); got[1].Unanswered != 0 {
+		t.Errorf("after an answer: %+v", got[1])
+	}
+	big[b] = false
+	p.pathMTURound(ctx)
+	plan.WireGuard.MTU = 1380
+	p.Follow(plan)
+	p.pathMTURound(ctx)
+	if got := p.PathMTUs(); got[1].Unanswered != 1 || got[1].MTU != 1380 || sizes[len(sizes)-1] != 1380 {
+		t.Errorf("after the MTU changed: %+v (last probe %d bytes); want a fresh count at 1380", got[1], sizes[len(sizes)-1])
 	}
 }

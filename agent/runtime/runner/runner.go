@@ -488,6 +488,9 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 		in.EndpointRoutes, _ = r.EndpointRoutes(addrs) // nil: not read, and no finding relies on it
 	}
 	if a.prober != nil {
+		for _, m := range a.prober.PathMTUs() {
+			in.PathMTUs = append(in.PathMTUs, diagnose.PathMTU{Name: m.Name, Cluster: m.Cluster, Addr: m.Addr, MTU: m.MTU, Unanswered: m.Unanswered})
+		}
 		if lp := a.prober.LeaderPath(); lp != nil && lp.Probed {
 			in.LeaderPath = &diagnose.LeaderPath{Leader: lp.Leader, Via: lp.Via, Direct: lp.Direct, Unanswered: lp.Unanswered, DirectAnswered: lp.DirectAnswered}
 		}

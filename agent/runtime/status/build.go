@@ -53,6 +53,8 @@ type Input struct {
 	// LeaderPath: a non-leader's probes of the path through its leader
 	// (nil: none).
 	LeaderPath *diagnose.LeaderPath
+	// PathMTUs: a leader's full-size probes of its tunnels.
+	PathMTUs []diagnose.PathMTU
 }
 
 // Build assembles the status.
@@ -143,7 +145,7 @@ func Build(in Input) Status {
 			peers = append(peers, p.Agent())
 		}
 		s.Findings = diagnose.NodeFindings(diagnose.NodeFacts{Node: in.Node, Settings: in.Settings, Snapshot: in.Snapshot, Plan: plan,
-			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved, EndpointRoutes: in.EndpointRoutes, LeaderPath: in.LeaderPath})
+			Peers: peers, IPForward: in.IPForward, Unresolved: in.Unresolved, EndpointRoutes: in.EndpointRoutes, LeaderPath: in.LeaderPath, PathMTUs: in.PathMTUs})
 	}
 	return s
 }
