@@ -226,7 +226,7 @@ func (p *Prober) Run(ctx context.Context) {
 	p.wake = make(chan struct{}, 1)
 	p.mu.Unlock()
 	go p.runGateway(ctx)
-	go p.runLeaderPath(ctx)
+	go p.every(ctx, LeaderPathInterval, p.leaderPathRound)
 	go p.every(ctx, PathMTUInterval, p.pathMTURound)
 	t := p.clock().NewTicker(p.Interval)
 	defer t.Stop()
@@ -472,21 +472,6 @@ func (p *Prober) LeaderPath() *LeaderPath {
 	}
 	lp := p.path
 	return &lp
-}
-
-// runLeaderPath probes the path through the leader every
-// LeaderPathInterval.
-func (p *Prober) runLeaderPath(ctx context.Context) {
-	t := p.clock().NewTicker(LeaderPathInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-		p.leaderPathRound(ctx)
-	}
 }
 
 // leaderPathDropped is how many unanswered rounds in a row, with the
