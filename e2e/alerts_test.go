@@ -96,6 +96,8 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	// Cut b-z1 off from a-x1 and, meanwhile, reject a bad Peer.
 	cutAt := time.Now()
 	must(t, bz.CutUDP(ctx, ax.IP.Addr()))
+	// Left in place to the end: b-z1 rightly names the fault there.
+	expectFindings(t, "b-z1 NoHandshakeReply")
 	a := env.Cluster("cluster-a")
 	must(t, a.Apply(ctx, `{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":"bad-key"},
 "spec":{"allowedIPs":["10.1.251.1/32"],"publicKey":"not-a-key"}}`))

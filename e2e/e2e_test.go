@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,13 +91,32 @@ func newEnv(t *testing.T, tune ...func(*harness.Options)) (*harness.Env, context
 	return env, ctx
 }
 
-// endFindings logs the named findings (issue 22's) in the status of every
-// agent still running when a test ends: the record of false alarms over
-// the whole suite (a test that leaves a fault in place on purpose shows
-// it). Logged, never failed: the fault scenarios assert their findings.
+// expectedFindings holds, per test, the named findings it leaves in place
+// on purpose (expectFindings); endFindings fails a test on any other.
+var expectedFindings sync.Map // *testing.T → map[string]bool
+
+// expectFindings declares findings ("<node> <ID>") a test leaves in place on
+// purpose when it ends, so endFindings does not take them for false alarms.
+func expectFindings(t *testing.T, named ...string) {
+	m := map[string]bool{}
+	for _, n := range named {
+		m[n] = true
+	}
+	expectedFindings.Store(t, m)
+}
+
+// endFindings reads the named findings (issue 22's) in the status of every
+// agent still running when a test ends and fails the test on any it did not
+// declare with expectFindings: a healthy scenario reports none of them, so
+// over the whole suite this is the record of false alarms. The fault
+// scenarios (TestFindings) assert their own findings while they happen.
 func endFindings(t *testing.T, env *harness.Env) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	want := map[string]bool{}
+	if m, ok := expectedFindings.LoadAndDelete(t); ok {
+		want = m.(map[string]bool)
+	}
 	var named []string
 	agents := 0
 	for _, n := range env.Nodes() {
@@ -113,8 +133,12 @@ func endFindings(t *testing.T, env *harness.Env) {
 		}
 		agents++
 		for _, f := range st.Findings {
-			if f.ID != "" {
-				named = append(named, n.Name+" "+f.ID)
+			if f.ID == "" {
+				continue
+			}
+			named = append(named, n.Name+" "+f.ID)
+			if !want[n.Name+" "+f.ID] {
+				t.Errorf("false alarm: %s reports %s at the end of a scenario that did not cause it: %s", n.Name, f.ID, f.Message)
 			}
 		}
 	}
