@@ -86,7 +86,7 @@ func unpublish(c *cobra.Command, kubeconfig, name string) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context(), 15*time.Second)
 	defer cancel()
-	if err := cluster.Unpublish(ctx, client, node); err != nil {
+	if err := cluster.Unpublish(ctx, client, node, false); err != nil {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	fmt.Fprintln(c.OutOrStdout(), "meshlet: removed node "+node+"'s annotations")

@@ -111,23 +111,32 @@ func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, ref
 	return diff
 }
 
-// published are the annotations the agent writes on its Node, removed when
-// it leaves the node (Unpublish): kg's own set (its graceful exit removes
-// the same) and meshlet's marks.
-var published = []string{
-	topology.AnnotationEndpoint, topology.AnnotationInternalIP, topology.AnnotationKey, topology.AnnotationLastSeen,
-	topology.AnnotationWireGuardIP, topology.AnnotationDiscoveredEndpoints, topology.AnnotationGranularity,
-	topology.AnnotationCNICompatibilityIP, topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationDegraded,
-	topology.AnnotationSeen,
-}
+// kiloPublished are the annotations of Kilo's the agent writes on its Node
+// (kg's own set, which kg's graceful exit removes), meshletMarks its own;
+// Unpublish removes them.
+var (
+	kiloPublished = []string{
+		topology.AnnotationEndpoint, topology.AnnotationInternalIP, topology.AnnotationKey, topology.AnnotationLastSeen,
+		topology.AnnotationWireGuardIP, topology.AnnotationDiscoveredEndpoints, topology.AnnotationGranularity,
+		topology.AnnotationCNICompatibilityIP,
+	}
+	meshletMarks = []string{topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationDegraded, topology.AnnotationSeen}
+)
 
-// Unpublish removes what the agent published on node: its annotations,
-// and the leader annotation when it is meshlet's mark (a user's stays). It
-// lists the node by name: kg's grants have no get on nodes.
-func Unpublish(ctx context.Context, client kubernetes.Interface, node string) error {
+// Unpublish removes what the agent published on node: meshlet's marks, the
+// leader annotation when it is meshlet's mark (a user's stays), and unless
+// keepKilo Kilo's annotations too (keepKilo: kg takes the node over and
+// publishes them again). It lists the node by name: kg's grants have no
+// get on nodes.
+func Unpublish(ctx context.Context, client kubernetes.Interface, node string, keepKilo bool) error {
 	remove := map[string]any{}
-	for _, k := range published {
+	for _, k := range meshletMarks {
 		remove[k] = nil
+	}
+	if !keepKilo {
+		for _, k := range kiloPublished {
+			remove[k] = nil
+		}
 	}
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
 	if err != nil {

@@ -33,20 +33,20 @@ func (a *Agent) Leaving(ctx context.Context) (bool, string) {
 	if l := a.left; l != nil {
 		return l.leaving, l.why
 	}
-	leaving, why, ok := a.judgeLeaving(ctx)
+	j, ok := a.judgeLeaving(ctx)
 	if ok {
-		a.left = &leftJudgement{leaving: leaving, why: why}
+		a.left = &j
 	}
-	return leaving, why
+	return j.leaving, j.why
 }
 
 // judgeLeaving is Leaving's judgement; ok is false when the API did not
 // answer what it needs.
-func (a *Agent) judgeLeaving(ctx context.Context) (leaving bool, why string, ok bool) {
+func (a *Agent) judgeLeaving(ctx context.Context) (j leftJudgement, ok bool) {
 	if a.opts.Grants.On(grants.Lifecycle) {
-		leaving, why, err := a.daemonSetLeaves(ctx)
+		j, err := a.daemonSetLeaves(ctx)
 		if err == nil {
-			return leaving, why, true
+			return j, true
 		}
 		a.opts.Log.Warn("could not read this agent's DaemonSet; judging from what else the API says", "error", err)
 	}
@@ -56,37 +56,37 @@ func (a *Agent) judgeLeaving(ctx context.Context) (leaving bool, why string, ok 
 		metav1.CreateOptions{})
 	switch {
 	case apierrors.IsUnauthorized(err):
-		return true, "its credentials are gone (ServiceAccount deleted)", true
+		return leftJudgement{leaving: true, why: "its credentials are gone (ServiceAccount deleted)"}, true
 	case err == nil && !r.Status.Allowed:
-		return true, "its RBAC is gone", true
+		return leftJudgement{leaving: true, why: "its RBAC is gone"}, true
 	case err != nil:
-		return false, "the API did not say: " + err.Error(), false
+		return leftJudgement{why: "the API did not say: " + err.Error()}, false
 	}
 	_, err = a.client.Discovery().ServerResourcesForGroupVersion("kilo.squat.ai/v1alpha1")
 	switch {
 	case apierrors.IsNotFound(err):
-		return true, "Kilo's Peer CRD is gone", true
+		return leftJudgement{leaving: true, why: "Kilo's Peer CRD is gone"}, true
 	case err != nil:
-		return false, "the API did not say: " + err.Error(), false
+		return leftJudgement{why: "the API did not say: " + err.Error()}, false
 	}
-	return false, "no sign of an uninstall (grant list on pods and get on daemonsets to tell for sure: docs/dropin.md#grants)", true
+	return leftJudgement{why: "no sign of an uninstall (grant list on pods and get on daemonsets to tell for sure: docs/dropin.md#grants)"}, true
 }
 
 // daemonSetLeaves finds this agent's pod on this node (by its
 // ServiceAccount) and the DaemonSet that owns it.
-func (a *Agent) daemonSetLeaves(ctx context.Context) (bool, string, error) {
+func (a *Agent) daemonSetLeaves(ctx context.Context) (leftJudgement, error) {
 	ssr, err := a.client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
-		return false, "", fmt.Errorf("who am I: %w", err)
+		return leftJudgement{}, fmt.Errorf("who am I: %w", err)
 	}
 	parts := strings.Split(ssr.Status.UserInfo.Username, ":") // system:serviceaccount:NS:NAME
 	if len(parts) != 4 || parts[1] != "serviceaccount" {
-		return false, "", fmt.Errorf("%q is not a ServiceAccount", ssr.Status.UserInfo.Username)
+		return leftJudgement{}, fmt.Errorf("%q is not a ServiceAccount", ssr.Status.UserInfo.Username)
 	}
 	ns, sa := parts[2], parts[3]
 	pods, err := a.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", a.opts.Node).String()})
 	if err != nil {
-		return false, "", err
+		return leftJudgement{}, err
 	}
 	var owner *metav1.OwnerReference
 	var mine *corev1.Pod
@@ -101,41 +101,43 @@ func (a *Agent) daemonSetLeaves(ctx context.Context) (bool, string, error) {
 		}
 	}
 	if owner == nil {
-		return false, "", errors.New("no pod of a DaemonSet with this agent's ServiceAccount on this node")
+		return leftJudgement{}, errors.New("no pod of a DaemonSet with this agent's ServiceAccount on this node")
 	}
 	ds, err := a.client.AppsV1().DaemonSets(ns).Get(ctx, owner.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err) || err == nil && ds.UID != owner.UID:
-		return true, "its DaemonSet " + ns + "/" + owner.Name + " is gone", nil
+		return leftJudgement{leaving: true, why: "its DaemonSet " + ns + "/" + owner.Name + " is gone"}, nil
 	case err != nil:
-		return false, "", err
+		return leftJudgement{}, err
 	case ds.DeletionTimestamp != nil:
-		return true, "its DaemonSet " + ns + "/" + owner.Name + " is being deleted", nil
+		return leftJudgement{leaving: true, why: "its DaemonSet " + ns + "/" + owner.Name + " is being deleted"}, nil
 	}
 	// The whole Node (the informer keeps only what meshlet reads), by a
 	// list: kg's grants have no get on nodes.
 	nodes, err := a.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", a.opts.Node).String()})
 	if err != nil {
-		return false, "", fmt.Errorf("reading this node: %w", err)
+		return leftJudgement{}, fmt.Errorf("reading this node: %w", err)
 	}
 	if len(nodes.Items) != 1 {
-		return false, "", fmt.Errorf("node %s not found", a.opts.Node)
+		return leftJudgement{}, fmt.Errorf("node %s not found", a.opts.Node)
 	}
 	tmpl := &corev1.Pod{Spec: ds.Spec.Template.Spec}
 	if ok, err := nodeaffinity.GetRequiredNodeAffinity(tmpl).Match(&nodes.Items[0]); err == nil && !ok {
-		return true, "its DaemonSet " + ns + "/" + owner.Name + " no longer runs on this node", nil
+		return leftJudgement{leaving: true, why: "its DaemonSet " + ns + "/" + owner.Name + " no longer runs on this node"}, nil
 	}
 	// The way back: the DaemonSet now runs another image (kg's) in this
 	// agent's container, which takes over the node as kg cleaned up after
-	// itself (docs/dropin.md#the-way-back).
+	// itself, but for the annotations of Kilo's that kg publishes again
+	// (docs/dropin.md#the-way-back).
 	for _, c := range mine.Spec.Containers {
 		for _, t := range ds.Spec.Template.Spec.Containers {
 			if c.Name == t.Name && imageRepository(c.Image) != imageRepository(t.Image) {
-				return true, fmt.Sprintf("its DaemonSet %s/%s runs %s instead of %s in container %s now", ns, owner.Name, t.Image, c.Image, c.Name), nil
+				return leftJudgement{leaving: true, successor: true,
+					why: fmt.Sprintf("its DaemonSet %s/%s runs %s instead of %s in container %s now", ns, owner.Name, t.Image, c.Image, c.Name)}, nil
 			}
 		}
 	}
-	return false, "its DaemonSet " + ns + "/" + owner.Name + " starts a new agent here", nil
+	return leftJudgement{why: "its DaemonSet " + ns + "/" + owner.Name + " starts a new agent here"}, nil
 }
 
 // imageRepository is an image reference without its tag and digest.
@@ -160,7 +162,10 @@ type Forgetter interface {
 
 // Depart removes what the agent set up on a node that is left: its routes,
 // rules and chains (and the WireGuard interface with deleteInterface), and
-// its annotations, meshlet's leader mark among them. A device that stays
+// its annotations, meshlet's leader mark among them — but for Kilo's own
+// when another agent (kg) takes the node over: kg publishes the same key,
+// WireGuard IP and endpoint again, and meanwhile the other nodes keep this
+// one as their peer, its sessions and its location's leader unchanged. A device that stays
 // (dev not nil) is first left as kg configures it where meshlet differs on
 // purpose — roaming peers without the endpoints they taught it — so that kg,
 // when it takes the node over (the way back), finds nothing to rewrite and
@@ -175,7 +180,8 @@ func (a *Agent) Depart(ctx context.Context, host Cleaner, dev Forgetter, deleteI
 	if err := host.Cleanup(ctx, netlinkx.CleanupOptions{Interface: a.opts.Config.Interface, DeleteInterface: deleteInterface}); err != nil {
 		errs = append(errs, err)
 	}
-	if err := cluster.Unpublish(ctx, a.client, a.opts.Node); err != nil {
+	keepKilo := a.left != nil && a.left.successor
+	if err := cluster.Unpublish(ctx, a.client, a.opts.Node, keepKilo); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

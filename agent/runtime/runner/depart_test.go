@@ -105,8 +105,31 @@ subjects: [{kind: ServiceAccount, name: meshlet, namespace: kilo-system}]
 		if _, err := admin.AppsV1().DaemonSets("kilo-system").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if l, why := leaving(t); !l || !strings.Contains(why, "squat/kilo:0.7.0") {
+		a := startedAgent(t, ctx, sa)
+		if l, why := a.Leaving(ctx); !l || !strings.Contains(why, "squat/kilo:0.7.0") {
 			t.Fatalf("leaving %v (%s), want true", l, why)
+		}
+		// kg takes the node over: meshlet's marks go, Kilo's annotations
+		// (which kg publishes again) stay, so the other nodes keep this
+		// one as their peer meanwhile.
+		patchAnnotations(t, admin, "a-1", map[string]string{topology.AnnotationLeader: topology.LeaderLeaseValue,
+			topology.AnnotationVersion: "v1", topology.AnnotationTunnels: "up"})
+		if err := a.Depart(ctx, &recordingCleaner{}, &recordingForgetter{}, false); err != nil {
+			t.Fatal(err)
+		}
+		n, err := admin.CoreV1().Nodes().Get(ctx, "a-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{topology.AnnotationLeader, topology.AnnotationVersion, topology.AnnotationTunnels, topology.AnnotationSeen} {
+			if v, ok := n.Annotations[k]; ok {
+				t.Errorf("meshlet's %s=%q left for kg", k, v)
+			}
+		}
+		for _, k := range []string{topology.AnnotationKey, topology.AnnotationLastSeen, topology.AnnotationWireGuardIP} {
+			if n.Annotations[k] == "" {
+				t.Errorf("Kilo's %s removed though kg takes the node over: %v", k, n.Annotations)
+			}
 		}
 		cur, _ = admin.AppsV1().DaemonSets("kilo-system").Get(ctx, "kilo", metav1.GetOptions{})
 		cur.Spec.Template.Spec.Containers[0].Image = "meshlet"

@@ -133,6 +133,8 @@ type Agent struct {
 type leftJudgement struct {
 	leaving bool
 	why     string
+	// successor: another agent takes the node over (kg, the way back).
+	successor bool
 }
 
 // New assembles the agent.
