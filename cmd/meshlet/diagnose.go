@@ -334,6 +334,9 @@ func agentOf(s status.Status) diagnose.Agent {
 	for _, p := range s.Peers {
 		a.Peers = append(a.Peers, p.Agent())
 	}
+	for _, f := range s.FeaturesOff {
+		a.FeaturesOff = append(a.FeaturesOff, diagnose.FeatureOff{Name: f.Name, Missing: f.Missing})
+	}
 	return a
 }
 

@@ -85,6 +85,15 @@ type Agent struct {
 	// Findings are the named findings the agent proved about its node
 	// (NodeFindings, in its status).
 	Findings []Finding
+	// FeaturesOff are the features its grants (or the cluster's CRDs) do
+	// not allow, each with what it lacks (docs/dropin.md#grants).
+	FeaturesOff []FeatureOff
+}
+
+// FeatureOff is one feature an agent may not use, and what it lacks.
+type FeatureOff struct {
+	Name    string
+	Missing []string
 }
 
 // AgentPeer is a peer as an agent judges it.
@@ -121,6 +130,7 @@ func Check(in Input) []Finding {
 	checkRemotes(in, add)
 	checkClocks(in, add)
 	checkAgents(in, ref, add)
+	checkGrants(in, add)
 	checkFindings(in, func(f Finding) { fs = append(fs, f) })
 	rank := map[Severity]int{Error: 0, Warning: 1, OK: 2}
 	slices.SortStableFunc(fs, func(a, b Finding) int {
@@ -487,6 +497,56 @@ func checkAgents(in Input, ref topology.Plan, add adder) {
 	}
 	if down == 0 && asked > 0 {
 		add(OK, "peers", "cluster "+in.Cluster, fmt.Sprintf("every judged peer of the %d agents read is up", asked), "")
+	}
+}
+
+// checkGrants says which features the agents may not use and what turns
+// each on: kg's RBAC alone meshes the cluster with Kilo's leader rule, so a
+// feature off is a mode, said once per set of agents sharing it (a
+// warning: failover, Events, remote clusters or a clean uninstall are
+// missing), not an error.
+func checkGrants(in Input, add adder) {
+	if in.Agents == nil {
+		return
+	}
+	bySet := map[string][]string{}
+	asked := 0
+	for node, a := range in.Agents {
+		if a.Err != "" {
+			continue
+		}
+		asked++
+		if len(a.FeaturesOff) == 0 {
+			continue
+		}
+		var parts []string
+		for _, f := range a.FeaturesOff {
+			parts = append(parts, f.Name+" (lacks "+strings.Join(f.Missing, "; ")+")")
+		}
+		key := strings.Join(parts, ", ")
+		bySet[key] = append(bySet[key], node)
+	}
+	if asked == 0 {
+		return
+	}
+	if len(bySet) == 0 {
+		add(OK, "grants", "cluster "+in.Cluster, fmt.Sprintf("the %d agents read may use every feature (Lease failover, Events, ClusterMesh, the uninstall check)", asked), "")
+		return
+	}
+	sets := make([]string, 0, len(bySet))
+	for k := range bySet {
+		sets = append(sets, k)
+	}
+	sort.Strings(sets)
+	for _, set := range sets {
+		nodes := bySet[set]
+		sort.Strings(nodes)
+		subject := fmt.Sprintf("%d nodes %s", len(nodes), strings.Join(nodes, ", "))
+		if len(nodes) == 1 {
+			subject = "node " + nodes[0]
+		}
+		add(Warning, "grants", subject, "features off: "+set,
+			"the add-on grants bound to the DaemonSet's ServiceAccount turn them on: kubectl apply --server-side -k manifests/dropin (docs/dropin.md#grants); the agents restart to use them within 5 minutes")
 	}
 }
 

@@ -101,6 +101,23 @@ func TestCheck(t *testing.T) {
 				{Check: "agents", Severity: Warning, Subject: "node b1", Message: "connection refused"}},
 		},
 		{
+			name: "features off under kg's RBAC",
+			change: func(in *Input) {
+				off := []FeatureOff{{Name: "leader-election", Missing: []string{"create leases in kube-system"}}, {Name: "events", Missing: []string{"create events"}}}
+				in.Agents = map[string]Agent{"a1": {Role: "leader", FeaturesOff: off}, "a2": {Role: "non-leader", FeaturesOff: off}, "b1": {Role: "leader"}}
+			},
+			want: []Finding{{Check: "grants", Severity: Warning, Subject: "2 nodes a1, a2",
+				Message: "features off: leader-election (lacks create leases in kube-system), events (lacks create events)"}},
+		},
+		{
+			name: "every feature on",
+			change: func(in *Input) {
+				in.Agents = map[string]Agent{"a1": {Role: "leader"}, "a2": {Role: "non-leader"}, "b1": {Role: "leader"}}
+			},
+			want:  []Finding{{Check: "grants", Severity: OK, Message: "the 3 agents read may use every feature"}},
+			clean: []string{"grants"},
+		},
+		{
 			name: "peer down, failed reconcile, drift, role lag",
 			change: func(in *Input) {
 				in.Agents = map[string]Agent{
