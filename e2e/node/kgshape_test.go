@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -30,6 +31,20 @@ type kgShape struct {
 	subPath                     bool
 	args                        []string // after --kubeconfig and --hostname
 	cni                         bool     // Kilo as the CNI: install-cni and ConfigMap kilo
+	// k3s: the kubeconfig written by the generate-kubeconfig init container
+	// (/bin/sh /scripts/init.sh from ConfigMap kilo-scripts, in the kilo
+	// image) from the k3s agent's files into an emptyDir, as Kilo's k3s
+	// manifests do; kubeconfigCM is then unused.
+	k3s bool
+	// sidecar: the userspace manifests' wireguard container (wireguard-go
+	// --foreground kilo0) sharing hostPath /var/run/wireguard with kg,
+	// which runs with --create-interface=false.
+	sidecar bool
+	// addon: meshlet's add-on grants (manifests/dropin) applied before the
+	// manifest, bound to its ServiceAccount kilo: Lease failover, Events,
+	// ClusterMesh and the uninstall check on. Without them the agents run
+	// under kg's ClusterRole alone, and diagnose says what is off.
+	addon bool
 	// prepare sets the nodes up as the shape's CNI would (flannel.1).
 	prepare func(ctx context.Context, l *Lane) error
 	// skip, when not "", is why the shape cannot run here.
@@ -57,13 +72,23 @@ func (s kgShape) manifest(image, kubeconfig string) string {
 	indent := func(text, pre string) string {
 		return pre + strings.ReplaceAll(strings.TrimSpace(text), "\n", "\n"+pre)
 	}
-	fmt.Fprintf(&b, `apiVersion: v1
+	if s.k3s {
+		fmt.Fprintf(&b, `apiVersion: v1
+kind: ConfigMap
+metadata: {name: kilo-scripts, namespace: %s}
+data:
+  init.sh: |
+%s
+`, ns, indent(k3sInitScript, "    "))
+	} else {
+		fmt.Fprintf(&b, `apiVersion: v1
 kind: ConfigMap
 metadata: {name: %s, namespace: %s}
 data:
   %s: |
 %s
 `, s.kubeconfigCM, ns, s.kubeconfigKey, indent(kubeconfig, "    "))
+	}
 	if s.cni {
 		fmt.Fprintf(&b, `---
 apiVersion: v1
@@ -109,17 +134,17 @@ spec:
       serviceAccountName: kilo
       hostNetwork: true
       containers:
-      - name: kilo
+%[3]s      - name: kilo
         image: %[2]s
         args:
         - --kubeconfig=/etc/kubernetes/kubeconfig
         - --hostname=$(NODE_NAME)
-`, ns, image)
+`, ns, image, s.sidecarContainer())
 	for _, a := range s.args {
 		fmt.Fprintf(&b, "        - %s\n", a)
 	}
 	kubeMount := "{name: kubeconfig, mountPath: /etc/kubernetes, readOnly: true}"
-	if s.subPath {
+	if s.subPath && !s.k3s {
 		kubeMount = fmt.Sprintf("{name: kubeconfig, mountPath: /etc/kubernetes/kubeconfig, subPath: %s, readOnly: true}", s.kubeconfigKey)
 	}
 	fmt.Fprintf(&b, `        env:
@@ -133,11 +158,31 @@ spec:
         - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
         - {name: xtables-lock, mountPath: /run/xtables.lock, readOnly: false}
 `, kubeMount)
+	if s.sidecar {
+		b.WriteString("        - {name: wireguard, mountPath: /var/run/wireguard, readOnly: false}\n")
+	}
 	if s.cni {
 		// kg writes the pod CIDR into the conflist install-cni wrote.
 		b.WriteString("        - {name: cni-conf-dir, mountPath: /etc/cni/net.d}\n")
-		fmt.Fprintf(&b, `      initContainers:
-      - name: install-cni
+	}
+	if s.cni || s.k3s {
+		b.WriteString("      initContainers:\n")
+	}
+	if s.k3s {
+		fmt.Fprintf(&b, `      - name: generate-kubeconfig
+        image: %s
+        command: [/bin/sh]
+        args: [/scripts/init.sh]
+        volumeMounts:
+        - {name: kubeconfig, mountPath: /etc/kubernetes}
+        - {name: scripts, mountPath: /scripts/, readOnly: true}
+        - {name: k3s-agent, mountPath: /var/lib/rancher/k3s/agent/, readOnly: true}
+        env:
+        - {name: NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+`, image)
+	}
+	if s.cni {
+		fmt.Fprintf(&b, `      - name: install-cni
         image: %s
         command: [/bin/sh, -c, '%s']
         env:
@@ -153,10 +198,20 @@ spec:
       - {effect: NoExecute, operator: Exists}
       volumes:
       - {name: kilo-dir, hostPath: {path: /var/lib/kilo}}
-      - {name: kubeconfig, configMap: {name: %s}}
       - {name: lib-modules, hostPath: {path: /lib/modules}}
       - {name: xtables-lock, hostPath: {path: /run/xtables.lock, type: FileOrCreate}}
-`, s.kubeconfigCM)
+`)
+	if s.k3s {
+		b.WriteString(`      - {name: kubeconfig, emptyDir: {}}
+      - {name: scripts, configMap: {name: kilo-scripts}}
+      - {name: k3s-agent, hostPath: {path: /var/lib/rancher/k3s/agent}}
+`)
+	} else {
+		fmt.Fprintf(&b, "      - {name: kubeconfig, configMap: {name: %s}}\n", s.kubeconfigCM)
+	}
+	if s.sidecar {
+		b.WriteString("      - {name: wireguard, hostPath: {path: /var/run/wireguard}}\n")
+	}
 	if s.cni {
 		b.WriteString(`      - {name: cni-bin-dir, hostPath: {path: /opt/cni/bin}}
       - {name: cni-conf-dir, hostPath: {path: /etc/cni/net.d}}
@@ -164,6 +219,51 @@ spec:
 	}
 	return b.String()
 }
+
+// sidecarContainer is the userspace manifests' wireguard container, the
+// first of the pod's as there: wireguard-go from this tree's module graph
+// (golang.zx2c4.com/wireguard, the library meshlet's own userspace device
+// is built on), in an image of its own (pushImages). Its arguments are
+// kilo-kubeadm-userspace's; kilo-kubeadm-flannel-userspace's first one,
+// "wireguard-go=true", is read by that image's entrypoint, not modelled.
+func (s kgShape) sidecarContainer() string {
+	if !s.sidecar {
+		return ""
+	}
+	return `      - name: wireguard
+        image: ` + registry + `/e2e/wireguard-go:1
+        args: [wireguard-go, --foreground, kilo0]
+        securityContext: {privileged: true}
+        volumeMounts:
+        - {name: wireguard, mountPath: /var/run/wireguard, readOnly: false}
+`
+}
+
+// k3sInitScript is Kilo 0.7's kilo-scripts init.sh (kilo-k3s*.yaml): the
+// kubeconfig from the k3s agent's kubelet.kubeconfig (its server), the
+// k3s server's CA and the pod's ServiceAccount token.
+const k3sInitScript = `#!/bin/sh
+cat > /etc/kubernetes/kubeconfig <<EOF
+    apiVersion: v1
+    kind: Config
+    name: kilo
+    clusters:
+    - cluster:
+        server: $(sed -n 's/.*server: \(.*\)/\1/p' /var/lib/rancher/k3s/agent/kubelet.kubeconfig)
+        certificate-authority: /var/lib/rancher/k3s/agent/server-ca.crt
+    users:
+    - name: kilo
+      user:
+        token: $(cat /var/run/secrets/kubernetes.io/serviceaccount/token)
+    contexts:
+    - name: kilo
+      context:
+        cluster: kilo
+        namespace: ${NAMESPACE}
+        user: kilo
+    current-context: kilo
+EOF
+`
 
 // inClusterKubeconfig is the kubeconfig of Typhoon's and Cozystack's
 // ConfigMap kubeconfig-in-cluster (kubeadm's kube-proxy ConfigMap holds
@@ -204,11 +304,70 @@ func kgShapes() []kgShape {
 			prepare: flannelVXLAN,
 		},
 		{
+			name: "kilo-k3s-flannel", namespace: "kube-system", k3s: true,
+			args:    []string{"--cni=false", "--compatibility=flannel", "--local=false", "--internal-cidr=$(NODE_IP)/32"},
+			prepare: k3sAgent,
+		},
+		{
+			name: "kilo-kubeadm-flannel-userspace + meshlet's add-on grants", namespace: "kube-system", sidecar: true, addon: true,
+			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true,
+			args: []string{"--create-interface=false", "--interface=kilo0", "--cni=false", "--compatibility=flannel", "--local=false",
+				"--internal-cidr=$(NODE_IP)/32"},
+		},
+		{
 			name: "kilo-kubeadm (Kilo as the CNI)", namespace: "kube-system",
 			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true, cni: true,
 			prepare: withoutLaneCNI,
 		},
 	}
+}
+
+// k3sAgent writes on every node what Kilo's k3s init script reads from the
+// k3s agent's directory: kubelet.kubeconfig (its server line) and the
+// server's CA. The flannel.1 of the shape before stays.
+//
+// Kilo 0.7's script names no cluster in the kubeconfig it writes (its one
+// clusters entry has no name, the context names "kilo"), so client-go — kg's
+// and meshlet's alike — finds no usable configuration there and falls back
+// to the pod's in-cluster one: the API server through the kubernetes
+// Service (10.0.0.1:443). There is no kube-proxy here, so each node gets
+// the one DNAT kube-proxy would give it for that Service (nftables, a table
+// of its own: no iptables chain for meshlet's backend detection to see).
+func k3sAgent(ctx context.Context, l *Lane) error {
+	for _, n := range l.Nodes() {
+		for _, c := range [][]string{
+			{"add", "table", "ip", "lane-kube-proxy"},
+			{"add", "chain", "ip", "lane-kube-proxy", "out", "{ type nat hook output priority -100; }"},
+			{"add", "rule", "ip", "lane-kube-proxy", "out", "ip", "daddr", "10.0.0.1", "tcp", "dport", "443", "dnat", "to", fmt.Sprintf("%s:%d", cpIP, apiPort)},
+		} {
+			if err := run(append([]string{"ip", "netns", "exec", n.NS, "nft"}, c...)...); err != nil {
+				return err
+			}
+		}
+	}
+	ca, err := os.ReadFile(l.path("pki", "ca.crt"))
+	if err != nil {
+		return err
+	}
+	kubelet := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    certificate-authority: /var/lib/rancher/k3s/agent/server-ca.crt
+    server: https://%s:%d
+  name: local
+`, cpIP, apiPort)
+	for _, n := range l.Nodes() {
+		dir := filepath.Join(n.Dir, "priv", "var-lib", "rancher", "k3s", "agent")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := errors.Join(os.WriteFile(filepath.Join(dir, "kubelet.kubeconfig"), []byte(kubelet), 0o600),
+			os.WriteFile(filepath.Join(dir, "server-ca.crt"), ca, 0o644)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // flannelVXLAN sets up flannel.1 on every node as flanneld's vxlan backend
@@ -317,6 +476,11 @@ func TestKgShapes(t *testing.T) {
 	// enforces baseline outside kube-system, as Talos does).
 	_, err = lane.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(repoRoot(t), "manifests", "crds", "peers.kilo.squat.ai.yaml"))
 	must("Peer CRD", err)
+	// The ClusterMesh CRD, as where kilo-clustermesh-operator runs: under
+	// kg's ClusterRole the agents may not read ClusterMeshes (diagnose says
+	// so); the add-on grants turn it on.
+	_, err = lane.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(repoRoot(t), "manifests", "crds", "clustermeshes.kilo.squat.ai.yaml"))
+	must("ClusterMesh CRD", err)
 	_, err = lane.Kubectl(ctx, "create", "namespace", "cozy-kilo")
 	must("namespace", err)
 	_, err = lane.Kubectl(ctx, "label", "namespace", "cozy-kilo", "pod-security.kubernetes.io/enforce=privileged")
@@ -327,7 +491,7 @@ func TestKgShapes(t *testing.T) {
 			if s.skip != "" {
 				t.Skip(s.skip)
 			}
-			runKgShape(ctx, t, lane, cs, s, fmt.Sprintf("s%d", i), dir)
+			runKgShape(ctx, t, lane, cs, s, fmt.Sprintf("s%d", i), dir, env(t, "MESHLET_BIN"))
 		})
 	}
 }
@@ -344,14 +508,25 @@ func kiloPods(ctx context.Context, cs kubernetes.Interface, ns, image string, wa
 		pods = pods[:0]
 		var state []string
 		for _, p := range l.Items {
-			state = append(state, fmt.Sprintf("%s %s ready=%v %s restarts=%d", p.Name, p.Spec.Containers[0].Image, podReady(p), p.Status.Phase, restarts(p)))
-			if p.Spec.Containers[0].Image == image && podReady(p) && p.DeletionTimestamp == nil {
+			state = append(state, fmt.Sprintf("%s %s ready=%v %s restarts=%d", p.Name, kiloImage(p), podReady(p), p.Status.Phase, restarts(p)))
+			if kiloImage(p) == image && podReady(p) && p.DeletionTimestamp == nil {
 				pods = append(pods, p)
 			}
 		}
 		return len(pods) == want && len(l.Items) == want, fmt.Errorf("pods: %s", strings.Join(state, "; "))
 	})
 	return pods, err
+}
+
+// kiloImage is the image of the pod's kilo container (a userspace shape's
+// wireguard container comes first).
+func kiloImage(p corev1.Pod) string {
+	for _, c := range p.Spec.Containers {
+		if c.Name == "kilo" {
+			return c.Image
+		}
+	}
+	return ""
 }
 
 // nodeKey is kg's key file on the node (hostPath /var/lib/kilo, the node's
@@ -394,12 +569,122 @@ func hostState(ctx context.Context, l *Lane, n *Node) []string {
 	return left
 }
 
+// checkGrantsMode checks what the agents may do under the shape's RBAC, as
+// `meshlet diagnose` (run as an admin would, reading the agents through
+// pods/exec and kg's flags from the DaemonSet) reports it: under kg's
+// ClusterRole alone the features it lacks, each with the grant that turns
+// it on; with the add-on every feature, and then for real: an Event for a
+// rejected Peer, and a location's Lease once two nodes share it.
+func checkGrantsMode(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Interface, s kgShape, meshletBin string) {
+	t.Helper()
+	out, _ := lane.InNS(ctx, meshletBin, "diagnose", "--kubeconfig", lane.AdminKubeconfig(), "--namespace", s.namespace)
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "grants") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	t.Logf("RESULT kg-shape %s: meshlet diagnose: %s", s.name, strings.Join(lines, " | "))
+	if s.addon {
+		if !strings.Contains(out, "may use every feature") {
+			t.Errorf("with the add-on grants diagnose does not report every feature on:\n%s", out)
+		}
+	} else if !strings.Contains(out, "features off: leader-election") || !strings.Contains(out, "manifests/dropin") {
+		t.Errorf("under kg's ClusterRole diagnose does not say Lease failover is off and what turns it on:\n%s", out)
+	}
+	if !s.addon {
+		return
+	}
+	// Events: a Peer with a bad key is rejected with one.
+	bad := `{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":"bad-key"},"spec":{"allowedIPs":["10.9.251.1/32"],"publicKey":"not-a-key"}}`
+	f := filepath.Join(lane.Dir, "bad-peer.json")
+	if err := os.WriteFile(f, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lane.Kubectl(ctx, "apply", "-f", f); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now()
+	if err := poll(ctx, time.Minute, "an InvalidKey Event for Peer bad-key", func() (bool, error) {
+		l, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=bad-key,reason=InvalidKey"})
+		return err == nil && len(l.Items) > 0, err
+	}); err != nil {
+		t.Errorf("with the add-on grants: %v", err)
+	} else {
+		t.Logf("RESULT kg-shape %s: add-on: InvalidKey Event for a bad Peer after %.1fs", s.name, time.Since(from).Seconds())
+	}
+	if _, err := lane.Kubectl(ctx, "delete", "-f", f); err != nil {
+		t.Fatal(err)
+	}
+	// Lease failover: node2 joins node1's location; the location's Lease
+	// gets a holder. Then node2 goes back to its own. Meanwhile flannel.1
+	// is missing (flanneld not running): inside a location flannel carries
+	// the traffic, so the agents must say what is missing and recover once
+	// it is back.
+	nodes := lane.Nodes()
+	for _, n := range nodes {
+		if err := run("ip", "-n", n.NS, "link", "del", "flannel.1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loc := func(n *Node, l string) {
+		t.Helper()
+		if _, err := lane.Kubectl(ctx, "annotate", "--overwrite", "node", n.Name, "kilo.squat.ai/location="+l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loc(nodes[1], fmt.Sprintf("loc-%d", nodes[0].Index))
+	from = time.Now()
+	lease := "meshlet-leader-" + fmt.Sprintf("loc-%d", nodes[0].Index)
+	var holder string
+	if err := poll(ctx, time.Minute, "Lease "+lease+" held", func() (bool, error) {
+		l, err := cs.CoordinationV1().Leases(s.namespace).Get(ctx, lease, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return false, err
+		}
+		holder = *l.Spec.HolderIdentity
+		return holder != "", nil
+	}); err != nil {
+		t.Errorf("with the add-on grants, two nodes in one location: %v", err)
+	} else {
+		t.Logf("RESULT kg-shape %s: add-on: Lease %s/%s held by %s %.1fs after two nodes share a location", s.name, s.namespace, lease, holder, time.Since(from).Seconds())
+	}
+	const flannelHint = "is flannel running on this node?"
+	var said string
+	if err := poll(ctx, time.Minute, "the agents naming flannel.1 missing", func() (bool, error) {
+		out, err := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/name=kilo", "-c", "kilo", "--tail=400")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, flannelHint) {
+				said = l
+			}
+		}
+		return said != "", err
+	}); err != nil {
+		t.Errorf("flannel.1 missing inside a location: %v", err)
+	} else {
+		t.Logf("RESULT kg-shape %s: flannel.1 missing: the agent says %s", s.name, said)
+	}
+	if err := flannelVXLAN(ctx, lane); err != nil {
+		t.Fatal(err)
+	}
+	from = time.Now()
+	if err := poll(ctx, time.Minute, "diagnose without a failed reconcile once flannel.1 is back", func() (bool, error) {
+		out, _ := lane.InNS(ctx, meshletBin, "diagnose", "--kubeconfig", lane.AdminKubeconfig(), "--namespace", s.namespace)
+		return !strings.Contains(out, "the last reconcile failed") && strings.Contains(out, "may use every feature"), fmt.Errorf("%s", out)
+	}); err != nil {
+		t.Errorf("after flannel.1 came back: %v", err)
+	} else {
+		t.Logf("RESULT kg-shape %s: flannel.1 back: every agent's last reconcile succeeds (diagnose) within %.1fs", s.name, time.Since(from).Seconds())
+	}
+	loc(nodes[1], fmt.Sprintf("loc-%d", nodes[1].Index))
+}
+
 // kgAnnotations are the annotations kg publishes on its node (kgctl reads
 // them).
 var kgAnnotations = []string{"kilo.squat.ai/key", "kilo.squat.ai/wireguard-ip", "kilo.squat.ai/endpoint",
 	"kilo.squat.ai/internal-ip", "kilo.squat.ai/last-seen", "kilo.squat.ai/granularity"}
 
-func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Interface, s kgShape, id, dir string) {
+func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Interface, s kgShape, id, dir, meshletBin string) {
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {
@@ -427,6 +712,12 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 			agentLogs()
 		}
 	}()
+	addon := filepath.Join(repoRoot(t), "manifests", "dropin")
+	if s.addon {
+		_, err := lane.Kubectl(ctx, "apply", "--server-side", "-k", addon)
+		must("add-on grants", err)
+		defer func() { _, _ = lane.Kubectl(ctx, "delete", "-k", addon, "--ignore-not-found") }()
+	}
 	start := time.Now()
 	_, err := lane.Kubectl(ctx, "apply", "-f", file)
 	must("kubectl apply", err)
@@ -497,6 +788,11 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 	}))
 	t.Logf("RESULT kg-shape %s: ping %s(%s) -> %s(%s) answered", s.name, pinger.Spec.NodeName, pinger.Status.PodIP,
 		target.Spec.NodeName, target.Status.PodIP)
+	checkGrantsMode(ctx, t, lane, cs, s, meshletBin)
+	must("ping across nodes again", poll(ctx, time.Minute, "ping "+target.Status.PodIP, func() (bool, error) {
+		r, err := ping(ctx, lane, pinger.Name, target.Status.PodIP, 3, "0.2")
+		return err == nil && r.received > 0, err
+	}))
 
 	// The rolling update to another tag of meshlet's image, pinging 10/s.
 	keys := map[string]string{}

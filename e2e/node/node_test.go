@@ -549,6 +549,14 @@ func pushImages(ctx context.Context, t *testing.T, lane *Lane, image, dir string
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building pause: %w %s", err, out)
 	}
+	// wireguard-go for the userspace kg shapes' sidecar: the module this
+	// tree's userspace device is built on, whose root is the daemon.
+	wggo := filepath.Join(dir, "wireguard-go")
+	build = exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", wggo, "golang.zx2c4.com/wireguard")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building wireguard-go: %w %s", err, out)
+	}
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
 		return fmt.Errorf("busybox (Debian busybox-static): %w", err)
@@ -556,10 +564,11 @@ func pushImages(ctx context.Context, t *testing.T, lane *Lane, image, dir string
 	for _, img := range []struct {
 		name, tarFile string
 		files         map[string]string // path in image -> host file ("" = symlink to busybox)
-		entrypoint    string
+		entrypoint    string            // "": none, the pod's args are the command (PATH /bin)
 	}{
 		{"e2e/pause:1", filepath.Join(dir, "pause.tar"), map[string]string{"pause": pause}, "/pause"},
 		{"e2e/busybox:1", filepath.Join(dir, "busybox.tar"), map[string]string{"bin/busybox": bb, "bin/sh": "", "bin/ping": "", "bin/sleep": ""}, "/bin/sleep"},
+		{"e2e/wireguard-go:1", filepath.Join(dir, "wireguard-go.tar"), map[string]string{"bin/wireguard-go": wggo}, ""},
 	} {
 		if err := layerTar(img.tarFile, img.files); err != nil {
 			return err
@@ -568,7 +577,11 @@ func pushImages(ctx context.Context, t *testing.T, lane *Lane, image, dir string
 		if _, err := lane.Crane(ctx, "append", "--oci-empty-base", "-f", img.tarFile, "-t", ref); err != nil {
 			return err
 		}
-		if _, err := lane.Crane(ctx, "mutate", ref, "--entrypoint="+img.entrypoint, "--set-platform=linux/amd64", "-t", ref); err != nil {
+		mutate := []string{"mutate", ref, "--env=PATH=/bin", "--set-platform=linux/amd64", "-t", ref}
+		if img.entrypoint != "" {
+			mutate = append(mutate, "--entrypoint="+img.entrypoint)
+		}
+		if _, err := lane.Crane(ctx, mutate...); err != nil {
 			return err
 		}
 	}
