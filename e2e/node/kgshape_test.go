@@ -616,6 +616,33 @@ func checkGrantsMode(ctx context.Context, t *testing.T, lane *Lane, cs kubernete
 	if _, err := lane.Kubectl(ctx, "delete", "-f", f); err != nil {
 		t.Fatal(err)
 	}
+	// ClusterMesh: a mesh naming a remote cluster whose Secret is absent
+	// is read, and its status written (Ready False, naming the cluster).
+	cm := `{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"ClusterMesh","metadata":{"name":"lane","namespace":"` + s.namespace + `"},
+"spec":{"clusters":[{"name":"local","local":true,"allowedNetworks":["10.251.0.0/16","10.4.0.0/16"]},
+{"name":"other","kubeconfigSecretRef":{"name":"other-kubeconfig","key":"kubeconfig"},"allowedNetworks":["10.99.0.0/16"]}]}}`
+	f = filepath.Join(lane.Dir, "clustermesh.json")
+	if err := os.WriteFile(f, []byte(cm), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lane.Kubectl(ctx, "apply", "-f", f); err != nil {
+		t.Fatal(err)
+	}
+	from = time.Now()
+	var ready string
+	if err := poll(ctx, time.Minute, "ClusterMesh lane's status written", func() (bool, error) {
+		out, err := lane.Kubectl(ctx, "get", "clustermesh", "-n", s.namespace, "lane", "-o",
+			`jsonpath={range .status.conditions[?(@.type=="Ready")]}{.status} {.reason}: {.message}{end}`)
+		ready = strings.TrimSpace(out)
+		return err == nil && ready != "", err
+	}); err != nil {
+		t.Errorf("with the add-on grants: %v", err)
+	} else {
+		t.Logf("RESULT kg-shape %s: add-on: ClusterMesh read, its status written %.1fs after it was applied: Ready %s", s.name, time.Since(from).Seconds(), ready)
+	}
+	if _, err := lane.Kubectl(ctx, "delete", "-f", f); err != nil {
+		t.Fatal(err)
+	}
 	// Lease failover: node2 joins node1's location; the location's Lease
 	// gets a holder. Then node2 goes back to its own. Meanwhile flannel.1
 	// is missing (flanneld not running): inside a location flannel carries
