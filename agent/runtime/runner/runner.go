@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -554,6 +555,13 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(a.Status(ctx))
 	})
+	// Go's profiles (docs/performance.md#profiles): on this root-only
+	// socket, never on the network listener.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	ln, err := ListenUnix(path)
 	if err != nil {
 		return err
