@@ -51,21 +51,15 @@ func (h *Host) Watch(ctx context.Context, iface string) (<-chan struct{}, error)
 	if err != nil {
 		return nil, err
 	}
-	h.events.Add(1) // what was read before is not covered by the count
-	h.watched.Store(true)
 	go func() {
 		defer close(out)
-		defer h.watched.Store(false)
 		for {
 			h.watchLoop(ctx, sub, iface, signal)
 			sub.close()
-			// Events may have been lost: nothing read before holds.
-			h.watched.Store(false)
-			h.events.Add(1)
 			if ctx.Err() != nil {
 				return
 			}
-			signal()
+			signal() // events may have been lost
 			for {
 				select {
 				case <-ctx.Done():
@@ -73,8 +67,6 @@ func (h *Host) Watch(ctx context.Context, iface string) (<-chan struct{}, error)
 				case <-time.After(100 * time.Millisecond):
 				}
 				if sub, err = h.subscribe(); err == nil {
-					h.events.Add(1)
-					h.watched.Store(true)
 					break
 				}
 				h.log.Warn("netlink resubscribe failed", "error", err)
@@ -143,7 +135,6 @@ func (h *Host) watchLoop(ctx context.Context, s *subscription, iface string, sig
 			if !ok {
 				return
 			}
-			h.events.Add(1)
 			if routeEventRelevant(u) {
 				signal()
 			}
@@ -151,7 +142,6 @@ func (h *Host) watchLoop(ctx context.Context, s *subscription, iface string, sig
 			if !ok {
 				return
 			}
-			h.events.Add(1)
 			if u.Link != nil && u.Link.Attrs().Name == iface && u.Header.Type != unix.RTM_DELLINK {
 				ifindex = u.Link.Attrs().Index // the link may have been recreated
 			}
@@ -162,7 +152,6 @@ func (h *Host) watchLoop(ctx context.Context, s *subscription, iface string, sig
 			if !ok {
 				return
 			}
-			h.events.Add(1)
 			if addrEventRelevant(u, ifindex) {
 				signal()
 			}

@@ -181,9 +181,7 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if err != nil {
 		return err
 	}
-	// The agent's one clock (docs/architecture.md#one-clock).
-	clk := clock.RealClock{}
-	host, err := netlinkx.New(netlinkx.Options{Logger: log, Clock: clk})
+	host, err := netlinkx.New(netlinkx.Options{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -196,6 +194,8 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if err != nil {
 		return fmt.Errorf("watching netlink: %w", err)
 	}
+	// The agent's one clock (docs/architecture.md#one-clock).
+	clk := clock.RealClock{}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	repairs := metrics.NewSessionRepairs(reg)
