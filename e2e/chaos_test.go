@@ -20,13 +20,7 @@ import (
 // renews the Lease it held at once and plans with the same result, so
 // nothing is removed from the data plane and nobody else takes over.
 func TestLeaderKilledRepeatedly(t *testing.T) {
-	env, ctx := newEnv(t)
-	must(t, env.Build(ctx, harness.Small(2, "z")))
-	x1, x2, z1 := env.Node("a-x1"), env.Node("a-x2"), env.Node("b-z1")
-	if l := leaderOf(t, ctx, x1, x2); l != x1 {
-		t.Fatalf("leader %s, want a-x1", l.Name)
-	}
-	awaitMark(t, ctx, x1, x2)
+	ctx, _, x1, x2, z1 := ledLocation(t)
 	_, err := x2.WaitReachable(ctx, z1.PodIP, 30*time.Second)
 	must(t, err)
 	mon := harness.WatchLeadership(ctx, x1, x2)

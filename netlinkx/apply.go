@@ -47,13 +47,29 @@ func (r Report) Changed() bool {
 // firewall, in that order (routes need their devices up and addressed). A
 // failing step does not stop the independent later ones; all errors are
 // returned joined, and the agent retries on its next pass.
-func (h *Host) Apply(ctx context.Context, spec Spec) (Report, error) {
+//
+// The spec the last Apply made true is kept: applying it again reads
+// nothing while Watch reports no event and Options.Recheck has not passed
+// (upToDate), so an idle agent's runs fork no iptables and dump no routes
+// (docs/performance.md#idle).
+func (h *Host) Apply(ctx context.Context, spec Spec) (rep Report, err error) {
 	h.applyMu.Lock()
 	defer h.applyMu.Unlock()
-	var rep Report
+	events, watched := h.Events()
+	if h.upToDate(spec, events, watched) {
+		return Report{}, ctx.Err()
+	}
+	h.applied = nil
+	started := h.clock.Now()
+	defer func() {
+		if err == nil {
+			h.applied = &verified{spec: cloneSpec(spec), events: events, watched: watched, at: started}
+		}
+	}()
 	var errs []error
 
-	tunnel, err := h.EnsureTunnel(ctx, spec.Tunnel)
+	var tunnel string
+	tunnel, err = h.EnsureTunnel(ctx, spec.Tunnel)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -106,6 +122,7 @@ type CleanupOptions struct {
 func (h *Host) Cleanup(ctx context.Context, opts CleanupOptions) error {
 	h.applyMu.Lock()
 	defer h.applyMu.Unlock()
+	h.applied = nil
 	var errs []error
 	if _, err := h.EnsureFirewall(ctx, Firewall{}); err != nil {
 		errs = append(errs, err)

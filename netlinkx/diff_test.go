@@ -361,3 +361,45 @@ func TestEventFilters(t *testing.T) {
 		}
 	}
 }
+
+func TestEqualSpec(t *testing.T) {
+	base := func() Spec {
+		return Spec{Link: LinkSpec{Name: "kilo0", Up: true, MTU: 1420, Addresses: pfx("10.4.0.1/16")},
+			Routes:   []Route{{Dst: netip.MustParsePrefix("10.2.0.0/24"), Dev: "kilo0"}},
+			Rules:    []Rule{{Iif: "kilo0", Table: 1107}},
+			Firewall: Firewall{NAT: NAT{Sources: pfx("10.2.0.0/24")}, Forward: pfx("10.2.0.0/24")}}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Spec)
+		want bool
+	}{
+		{"same", func(*Spec) {}, true},
+		{"nil and empty slices alike", func(s *Spec) { s.Firewall.NAT.Exceptions = []netip.Prefix{} }, true},
+		{"MTU", func(s *Spec) { s.Link.MTU = 1370 }, false},
+		{"link down", func(s *Spec) { s.Link.Up = false }, false},
+		{"address", func(s *Spec) { s.Link.Addresses = pfx("10.4.0.2/16") }, false},
+		{"route gateway", func(s *Spec) { s.Routes[0].Gw = netip.MustParseAddr("10.4.0.3") }, false},
+		{"route added", func(s *Spec) { s.Routes = append(s.Routes, Route{Dst: netip.MustParsePrefix("10.3.0.0/24")}) }, false},
+		{"rule", func(s *Spec) { s.Rules = nil }, false},
+		{"tunnel", func(s *Spec) { s.Tunnel = Tunnel{Name: "tunl0", Create: true} }, false},
+		{"NAT exception", func(s *Spec) { s.Firewall.NAT.Exceptions = pfx("10.0.0.0/8") }, false},
+		{"NAT destination", func(s *Spec) { s.Firewall.NAT.Destinations = pfx("192.168.0.0/24") }, false},
+		{"forward", func(s *Spec) { s.Firewall.Forward = nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := base()
+			kept := cloneSpec(a)
+			b := base()
+			tc.edit(&b)
+			if got := equalSpec(kept, b); got != tc.want {
+				t.Errorf("equalSpec = %v, want %v", got, tc.want)
+			}
+			// What was kept does not follow the caller's later edits.
+			tc.edit(&a)
+			if !equalSpec(kept, base()) {
+				t.Errorf("the kept copy changed with the caller's spec")
+			}
+		})
+	}
+}

@@ -19,11 +19,15 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
 )
 
 // Protocol is meshlet's routing protocol number (rtm_protocol), set on every
@@ -39,7 +43,17 @@ type Options struct {
 	// "" means the namespace of the calling process.
 	NetNSPath string
 	Logger    *slog.Logger
+	// Recheck: while Watch runs, an Apply of the spec the last one applied
+	// reads the host again only after a netlink event or once this long
+	// has passed since it last did (default 30 s, Kilo's resync period), for
+	// what no event reports: iptables, policy rules, sysctls.
+	Recheck time.Duration
+	// Clock times Recheck (nil: the real clock).
+	Clock clock.PassiveClock
 }
+
+// DefaultRecheck is Options.Recheck's default.
+const DefaultRecheck = 30 * time.Second
 
 // Host acts on one network namespace. Apply and Cleanup are serialised;
 // Watch and the read helpers may run concurrently with them.
@@ -49,6 +63,17 @@ type Host struct {
 	log *slog.Logger
 
 	applyMu sync.Mutex
+	// applied is what the last successful Apply verified (nil: nothing,
+	// or it failed since); see upToDate.
+	applied *verified
+	recheck time.Duration
+	clock   clock.PassiveClock
+
+	// events counts the netlink events Watch received, any route, link or
+	// address change in the namespace; watched says a subscription is live,
+	// so that an unchanged count means an unchanged host.
+	events  atomic.Uint64
+	watched atomic.Bool
 
 	iptMu sync.Mutex
 	ipt   map[family]iptablesClient
@@ -59,9 +84,15 @@ type Host struct {
 
 // New opens a Host. Close it when done.
 func New(opts Options) (*Host, error) {
-	h := &Host{ns: netns.None(), log: opts.Logger}
+	h := &Host{ns: netns.None(), log: opts.Logger, recheck: opts.Recheck, clock: opts.Clock}
 	if h.log == nil {
 		h.log = slog.Default()
+	}
+	if h.recheck <= 0 {
+		h.recheck = DefaultRecheck
+	}
+	if h.clock == nil {
+		h.clock = clock.RealClock{}
 	}
 	var err error
 	if opts.NetNSPath == "" {
@@ -125,4 +156,50 @@ func (h *Host) do(fn func() error) error {
 		errc <- ferr
 	}()
 	return <-errc
+}
+
+// Events is the count of netlink events Watch received so far, and whether
+// a subscription is live: while it is, an unchanged count means no route,
+// link or address of the namespace changed, so what was read of them still
+// holds (node.Facts keeps the host's addresses and default route so).
+func (h *Host) Events() (uint64, bool) { return h.events.Load(), h.watched.Load() }
+
+// verified is a spec the host was found or made to match: at the event
+// count events, at the time at.
+type verified struct {
+	spec    Spec
+	events  uint64
+	watched bool // Watch ran: events counts every change since
+	at      time.Time
+}
+
+// upToDate reports whether an Apply of spec can skip reading the host: the
+// last one applied an equal spec without error, no netlink event came since
+// (Watch running), and it was less than Recheck ago. Call with applyMu held.
+func (h *Host) upToDate(spec Spec, events uint64, watched bool) bool {
+	v := h.applied
+	return v != nil && v.watched && watched && v.events == events && h.clock.Since(v.at) < h.recheck && equalSpec(v.spec, spec)
+}
+
+// equalSpec compares two specs, nil and empty slices alike. Pure.
+func equalSpec(a, b Spec) bool {
+	return a.Link.Name == b.Link.Name && a.Link.MTU == b.Link.MTU && a.Link.Up == b.Link.Up &&
+		slices.Equal(a.Link.Addresses, b.Link.Addresses) && a.Tunnel == b.Tunnel &&
+		slices.Equal(a.Routes, b.Routes) && slices.Equal(a.Rules, b.Rules) &&
+		slices.Equal(a.Firewall.NAT.Sources, b.Firewall.NAT.Sources) &&
+		slices.Equal(a.Firewall.NAT.Destinations, b.Firewall.NAT.Destinations) &&
+		slices.Equal(a.Firewall.NAT.Exceptions, b.Firewall.NAT.Exceptions) &&
+		slices.Equal(a.Firewall.Forward, b.Firewall.Forward)
+}
+
+// cloneSpec copies a spec's slices, so a caller's later edits cannot
+// change what was verified. Pure.
+func cloneSpec(s Spec) Spec {
+	s.Link.Addresses = slices.Clone(s.Link.Addresses)
+	s.Routes, s.Rules = slices.Clone(s.Routes), slices.Clone(s.Rules)
+	s.Firewall.NAT.Sources = slices.Clone(s.Firewall.NAT.Sources)
+	s.Firewall.NAT.Destinations = slices.Clone(s.Firewall.NAT.Destinations)
+	s.Firewall.NAT.Exceptions = slices.Clone(s.Firewall.NAT.Exceptions)
+	s.Firewall.Forward = slices.Clone(s.Firewall.Forward)
+	return s
 }

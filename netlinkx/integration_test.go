@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func requireRoot(t testing.TB) {
@@ -447,5 +449,79 @@ func TestDrift(t *testing.T) {
 	ns.ip(t, "link", "del", "kilo0")
 	if d, err := ns.host.Drift(ctx, leaderSpec()); err != nil || !strings.Contains(strings.Join(d.Lines(), "\n"), "link kilo0 missing") {
 		t.Errorf("deleted link: %v (err %v)", d.Lines(), err)
+	}
+}
+
+// TestApplyKeepsWhatItVerified: while Watch runs, applying the spec the
+// last Apply made true reads nothing — a rule removed behind meshlet's back
+// with no netlink event (iptables) stays missing — until Options.Recheck
+// has passed, when it is restored; a netlink event (a meshlet route
+// deleted) makes the next Apply read and repair at once.
+func TestApplyKeepsWhatItVerified(t *testing.T) {
+	requireRoot(t)
+	ns := newTestNS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	h, err := New(Options{NetNSPath: "/run/netns/" + ns.name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ch, err := h.Watch(ctx, "kilo0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := leaderSpec()
+	if rep, err := h.Apply(ctx, spec); err != nil || !rep.Changed() {
+		t.Fatalf("first apply: %+v, %v", rep, err)
+	}
+	// Our own changes raised netlink events: the next Apply reads once
+	// more and finds nothing to do; after that the host is as verified.
+	if rep, err := h.Apply(ctx, spec); err != nil || rep.Changed() {
+		t.Fatalf("second apply: %+v, %v", rep, err)
+	}
+	drain := func() {
+		for {
+			select {
+			case <-ch:
+			default:
+				return
+			}
+		}
+	}
+	drain()
+	ns.exec(t, "iptables", "-t", "nat", "-D", ChainNAT, "-j", "MASQUERADE")
+	if rep, err := h.Apply(ctx, spec); err != nil || rep.Changed() {
+		t.Fatalf("apply within Recheck: %+v, %v", rep, err)
+	}
+	if nat := ns.exec(t, "iptables", "-t", "nat", "-S", ChainNAT); strings.Contains(nat, "MASQUERADE") {
+		t.Fatalf("within Recheck the apply read iptables and restored the rule:\n%s", nat)
+	}
+	clk.SetTime(clk.Now().Add(DefaultRecheck))
+	rep, err := h.Apply(ctx, spec)
+	if err != nil || len(rep.Firewall.Changes) != 1 {
+		t.Fatalf("apply after Recheck: %+v, %v", rep.Firewall, err)
+	}
+	if nat := ns.exec(t, "iptables", "-t", "nat", "-S", ChainNAT); !strings.Contains(nat, "-A "+ChainNAT+" -j MASQUERADE") {
+		t.Fatalf("rule not restored after Recheck:\n%s", nat)
+	}
+	// A deleted route is a netlink event: repaired without waiting.
+	if rep, err := h.Apply(ctx, spec); err != nil || rep.Changed() {
+		t.Fatalf("apply after the repair: %+v, %v", rep, err)
+	}
+	drain()
+	ns.ip(t, "route", "del", "10.2.0.0/24", "dev", "kilo0")
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	if rep, err := h.Apply(ctx, spec); err != nil || len(rep.Routes.Replaced) != 1 {
+		t.Fatalf("apply after a route was deleted: %+v, %v", rep.Routes, err)
+	}
+	// A changed spec is applied whatever the memo says.
+	spec.Routes[0].Gw = netip.MustParseAddr("10.4.0.3")
+	if rep, err := h.Apply(ctx, spec); err != nil || len(rep.Routes.Replaced) != 1 {
+		t.Fatalf("apply of a changed spec: %+v, %v", rep.Routes, err)
 	}
 }

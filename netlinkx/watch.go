@@ -51,15 +51,21 @@ func (h *Host) Watch(ctx context.Context, iface string) (<-chan struct{}, error)
 	if err != nil {
 		return nil, err
 	}
+	h.events.Add(1) // what was read before is not covered by the count
+	h.watched.Store(true)
 	go func() {
 		defer close(out)
+		defer h.watched.Store(false)
 		for {
 			h.watchLoop(ctx, sub, iface, signal)
 			sub.close()
+			// Events may have been lost: nothing read before holds.
+			h.watched.Store(false)
+			h.events.Add(1)
 			if ctx.Err() != nil {
 				return
 			}
-			signal() // events may have been lost
+			signal()
 			for {
 				select {
 				case <-ctx.Done():
@@ -67,6 +73,8 @@ func (h *Host) Watch(ctx context.Context, iface string) (<-chan struct{}, error)
 				case <-time.After(100 * time.Millisecond):
 				}
 				if sub, err = h.subscribe(); err == nil {
+					h.events.Add(1)
+					h.watched.Store(true)
 					break
 				}
 				h.log.Warn("netlink resubscribe failed", "error", err)
@@ -135,6 +143,7 @@ func (h *Host) watchLoop(ctx context.Context, s *subscription, iface string, sig
 			if !ok {
 				return
 			}
+			h.events.Add(1)
 			if routeEventRelevant(u) {
 				signal()
 			}
@@ -142,6 +151,7 @@ func (h *Host) watchLoop(ctx context.Context, s *subscription, iface string, sig
 			if !ok {
 				return
 			}
+			h.events.Add(1)
 			if u.Link != nil && u.Link.Attrs().Name == iface && u.Header.Type != unix.RTM_DELLINK {
 				ifindex = u.Link.Attrs().Index // the link may have been recreated
 			}
@@ -152,6 +162,7 @@ func (h *Host) watchLoop(ctx context.Context, s *subscription, iface string, sig
 			if !ok {
 				return
 			}
+			h.events.Add(1)
 			if addrEventRelevant(u, ifindex) {
 				signal()
 			}

@@ -181,7 +181,9 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if err != nil {
 		return err
 	}
-	host, err := netlinkx.New(netlinkx.Options{Logger: log})
+	// The agent's one clock (docs/architecture.md#one-clock).
+	clk := clock.RealClock{}
+	host, err := netlinkx.New(netlinkx.Options{Logger: log, Clock: clk})
 	if err != nil {
 		return err
 	}
@@ -194,8 +196,6 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 	if err != nil {
 		return fmt.Errorf("watching netlink: %w", err)
 	}
-	// The agent's one clock (docs/architecture.md#one-clock).
-	clk := clock.RealClock{}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	repairs := metrics.NewSessionRepairs(reg)

@@ -440,3 +440,19 @@ func Publish(h Judgement, l *topology.Leadership, leader bool, wireGuardIP, gate
 	}
 	return ann, nil
 }
+
+// CoolDownEnd is the earliest time after now at which a node of the Lease's
+// step-asides stops cooling down (and may lead again); zero when none does.
+// Nothing in the API changes at that moment, so the loop plans then.
+func CoolDownEnd(l *topology.LeaseState, now time.Time) time.Time {
+	var next time.Time
+	if l == nil {
+		return next
+	}
+	for _, sa := range l.StepAsides {
+		if t := sa.At.Add(StepAsideCoolDown); t.After(now) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	return next
+}

@@ -11,6 +11,7 @@ package planner
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -102,4 +103,35 @@ func leaderPath(local topology.Local, leader bool) *topology.LeaderPathProbe {
 		return nil
 	}
 	return &topology.LeaderPathProbe{Leader: ln.Name, Via: seg.WireGuardIP, Direct: ln.InternalIP.Addr()}
+}
+
+// NextChange is when the plan of node self changes by the passing of time
+// alone, with nothing in the API or on the host to say so; zero when it
+// does not. The loop plans at that moment and otherwise only on events and
+// its resync, so an idle node plans about twice a minute
+// (docs/performance.md#idle). The moments: a node's last-seen leaving
+// Kilo's ready window (topology.NextReadinessChange), this node's own
+// last-seen due for its refresh (topology.LastSeenRefresh; while a run
+// refreshes it, the refresh after that one), and a step-aside's cool-down
+// ending (failover.CoolDownEnd). The holder of the Lease going silent is
+// not among them: the agent that watches the Lease knows when its view
+// runs out (agent/runtime/leadership).
+func NextChange(snap topology.Snapshot, self string) time.Time {
+	next := topology.NextReadinessChange(snap)
+	earlier := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for i := range snap.Nodes {
+		if n := &snap.Nodes[i]; n.Name == self && !n.LastSeen.IsZero() {
+			due := n.LastSeen.Add(topology.LastSeenRefresh)
+			if !due.After(snap.Now) {
+				due = snap.Now.Add(topology.LastSeenRefresh)
+			}
+			earlier(due)
+		}
+	}
+	earlier(failover.CoolDownEnd(snap.Lease, snap.Now))
+	return next
 }

@@ -14,9 +14,6 @@ const (
 	// before it writes a new one: inside the check-in period, so a node
 	// that misses one refresh stays Ready.
 	LastSeenRefresh = 25 * time.Second
-	// MinRunInterval: the loop runs at least this often, so last-seen is
-	// refreshed on time whatever --resync-period says.
-	MinRunInterval = 10 * time.Second
 	// HeardRefresh: a watched node heard unchanged for longer than this
 	// counts as heard again (its heard-at is restamped), a little under the
 	// ready window so a quiet remote node is never judged by a stale stamp.

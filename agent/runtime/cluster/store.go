@@ -40,8 +40,8 @@ func newObjects(cluster string, limits kilo.Limits) objects {
 // difference. Every agent refreshes its last-seen every ~30 s, so with
 // 10,000 remote Nodes most events change nothing else; those do not wake the
 // loop. A last-seen that was old enough for the node to have dropped out of
-// the mesh does wake it (the node is back); a node going stale is noticed by
-// topology.MinRunInterval.
+// the mesh does wake it (the node is back); a node going stale is noticed at
+// the moment it does (planner.NextChange).
 //
 // A remote node also records when this agent heard its last-seen change
 // (topology.Node.Heard), by which the planner judges it with the remote

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -52,19 +53,25 @@ func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
-func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs kube-apiserver")
-	}
+// startAPI starts a kube-apiserver with meshlet's namespace and RBAC.
+func startAPI(t *testing.T) (context.Context, *apiserver.Server, kubernetes.Interface) {
+	t.Helper()
 	srv := apiserver.Start(t, apiserver.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	for _, f := range []string{"manifests/namespace/namespace.yaml", "manifests/base/rbac.yaml"} {
 		if _, err := apiserver.ApplyFile(ctx, srv.AdminConfig(), repoFile(f), apiserver.ApplyOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	admin := kubernetes.NewForConfigOrDie(srv.AdminConfig())
+	return ctx, srv, kubernetes.NewForConfigOrDie(srv.AdminConfig())
+}
+
+func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver")
+	}
+	ctx, srv, admin := startAPI(t)
 	for _, n := range []string{"x-1", "x-2", "x-3"} {
 		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -265,4 +272,75 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	if r := e.Roles(); len(r) != 2 || !r[0].Leader || !r[0].At.Equal(t0) || r[1].Leader {
 		t.Errorf("roles %+v: want leader from the run's start, then not once applied", r)
 	}
+}
+
+// TestElectorWakesThePlanOnChangesOnly: a renewal of the Lease wakes no
+// plan (it changes nothing the planner decides on until it runs out); the
+// holder going silent wakes it once, when the Lease runs out in this
+// node's view, and its next renewal once more; a new holder wakes it.
+func TestElectorWakesThePlanOnChangesOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver")
+	}
+	ctx, srv, admin := startAPI(t)
+	const lease = "meshlet-leader-x"
+	holder, secs := "x-9", int32(2)
+	now := metav1.NewMicroTime(time.Now())
+	l, err := admin.CoordinationV1().Leases("kilo-system").Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: lease, Namespace: "kilo-system"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wakes atomic.Int32
+	e := &Elector{Client: kubernetes.NewForConfigOrDie(srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet")), Namespace: "kilo-system",
+		Identity: "x-1", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Notify: func(time.Time) { wakes.Add(1) }}
+	e.Start(ctx)
+	// Not a candidate: it never takes the Lease, so every wake is a view's.
+	if err := e.Follow(ctx, topology.Plan{Leadership: &topology.Leadership{Location: "x", Lease: lease, Governed: true}}, true, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// Two wakes to begin with: the Lease first seen, the watch synced.
+	poll(t, ctx, "the Lease seen", func() bool { return e.Synced() && e.State().Holder == holder && wakes.Load() >= 2 })
+	renew := func() {
+		t.Helper()
+		at := metav1.NewMicroTime(time.Now())
+		l.Spec.RenewTime = &at
+		var err error
+		if l, err = admin.CoordinationV1().Leases("kilo-system").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each renewal is seen (its freshness moves) before the next; the
+	// handler that saw the holder first has returned by then.
+	seenRenewal := func() {
+		t.Helper()
+		before := e.State().Fresh
+		renew()
+		poll(t, ctx, "a renewal seen", func() bool { return e.State().Fresh.After(before) })
+	}
+	seenRenewal()
+	base := wakes.Load()
+	for range 3 {
+		seenRenewal()
+	}
+	if got := wakes.Load() - base; got != 0 {
+		t.Errorf("three renewals woke the plan %d times, want 0", got)
+	}
+	// Silent: one wake once its 2 s have run out.
+	poll(t, ctx, "the plan woken for the silent holder", func() bool { return wakes.Load() > base })
+	if got := wakes.Load() - base; got != 1 {
+		t.Errorf("the silent holder woke the plan %d times, want 1", got)
+	}
+	seenRenewal()
+	if got := wakes.Load() - base; got != 2 {
+		t.Errorf("after the silent holder renewed: %d wakes, want 2 (one more)", got)
+	}
+	other := "x-8"
+	l.Spec.HolderIdentity = &other
+	renew()
+	poll(t, ctx, "the new holder seen", func() bool { return e.State().Holder == other })
+	poll(t, ctx, "the plan woken for the new holder", func() bool { return wakes.Load()-base == 3 })
 }

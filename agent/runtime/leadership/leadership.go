@@ -105,7 +105,10 @@ type Elector struct {
 	reread    bool      // broken by a failed write: read the Lease to mend the view
 	freeSince time.Time // when rec was seen free (or absent)
 	renewedAt time.Time // this node's last successful renewal
-	stepAside *topology.StepAside
+	// expiryNoted: the loop was woken for the holder's presumed death in
+	// this view (step); the next delivery clears it.
+	expiryNoted bool
+	stepAside   *topology.StepAside
 	// leaving: the step-aside of a node going away was reported (it does
 	// not cool down, so it is not a stepAside).
 	leaving bool
@@ -248,24 +251,46 @@ func (e *Elector) seen(name string, obj any, deleted bool) {
 		e.mu.Unlock()
 		return
 	}
-	prev := holderOf(e.rec)
+	// A delivery after a broken view, or after the holder was presumed
+	// dead, changes the plan even when it is only a renewal.
+	prev, before, stale := holderOf(e.rec), planView(e.rec), e.broken || e.expiryNoted
 	if deleted {
 		e.rec = nil
 	} else if e.rec == nil || e.rec.ResourceVersion != l.ResourceVersion || e.broken {
 		e.rec = l.DeepCopy()
 	}
-	e.changedAt, e.broken, e.reread = now, false, false
+	e.changedAt, e.broken, e.reread, e.expiryNoted = now, false, false, false
 	cur := holderOf(e.rec)
 	if cur == "" && (prev != "" || e.freeSince.IsZero()) {
 		e.freeSince = now
 	}
 	e.held = cur == e.Identity
+	replan := stale || planView(e.rec) != before
 	e.mu.Unlock()
 	if cur != prev {
 		e.log().Info("location Lease", "lease", e.Namespace+"/"+name, "holder", cur, "previous", prev)
 	}
 	e.poke()
-	e.notify()
+	// A renewal only moves the holder's freshness, which changes no plan
+	// until it runs out (step wakes the loop then): every node of the
+	// location would otherwise plan once a renewal, once a second
+	// (docs/performance.md#idle).
+	if replan {
+		e.notify()
+	}
+}
+
+// planView is what of a Lease the planner sees besides its freshness
+// (State): the holder, the duration and the step-asides.
+func planView(l *coordinationv1.Lease) string {
+	if l == nil {
+		return "none"
+	}
+	var d int32
+	if l.Spec.LeaseDurationSeconds != nil {
+		d = *l.Spec.LeaseDurationSeconds
+	}
+	return fmt.Sprintf("%s|%d|%s", holderOf(l), d, l.Annotations[AnnotationStepAsides])
 }
 
 func holderOf(l *coordinationv1.Lease) string {
@@ -683,7 +708,22 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	if in != nil {
 		loc = in.Location
 	}
+	// The holder is presumed dead once its Lease runs out in this view
+	// (failover's holderAlive): the loop plans again then, once, as no
+	// renewal wakes it (seen).
+	var expiry time.Time
+	expired := false
+	if holderOf(rec) != "" && !e.broken {
+		expiry = e.changedAt.Add(e.leaseDuration())
+		if !now.Before(expiry) {
+			expiry, expired = time.Time{}, !e.expiryNoted
+			e.expiryNoted = true
+		}
+	}
 	e.mu.Unlock()
+	if expired {
+		e.notify()
+	}
 
 	switch act {
 	case renew:
@@ -759,6 +799,9 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		e.setHeld(false)
 		e.log().Info("released the location Lease", "lease", e.Namespace+"/"+name, "reason", reason)
 		e.notify()
+	}
+	if !expiry.IsZero() && (due.IsZero() || expiry.Before(due)) {
+		return expiry
 	}
 	return due
 }

@@ -82,6 +82,55 @@ type Facts struct {
 	HostnameAddrs []netip.Addr
 	// CNI is Kilo's CNI configuration list (nil without --cni).
 	CNI *cni.File
+
+	// host is what was last read of the host's addresses and routes, at
+	// the Host's event count events (hostFacts).
+	host   *hostFacts
+	events uint64
+}
+
+// hostFacts are the facts read from the host's links, addresses and
+// routes: they change only with a netlink event.
+type hostFacts struct {
+	addrs        []netlinkx.HostAddress
+	iface        string
+	mtu          int
+	tunnel       string
+	gateway      netip.Addr
+	ciliumHostIP netip.Prefix
+}
+
+// readHost reads the host's facts, or returns the last ones while the Host
+// has seen no netlink event since (netlinkx.Host.Events): an idle node's
+// runs then cost no route dump (docs/performance.md#idle). Self is called
+// by the loop alone, one run at a time.
+func (f *Facts) readHost() (*hostFacts, error) {
+	events, watched := f.Host.Events()
+	if watched && f.host != nil && events == f.events {
+		return f.host, nil
+	}
+	f.host = nil
+	addrs, err := f.Host.HostAddresses(append([]string{f.WireGuard.Interface()}, notHost...)...)
+	if err != nil {
+		return nil, err
+	}
+	iface, mtu, err := f.Host.DefaultRoute()
+	if err != nil {
+		return nil, err
+	}
+	tunnel, err := f.Host.FindTunnel(topology.TunnelCilium, topology.TunnelIPIP)
+	if err != nil {
+		return nil, fmt.Errorf("looking for the tunnel device: %w", err)
+	}
+	gw, err := f.Host.DefaultGateway()
+	if err != nil {
+		return nil, err
+	}
+	h := &hostFacts{addrs: addrs, iface: iface, mtu: mtu, tunnel: tunnel, gateway: gw, ciliumHostIP: f.Host.InterfaceIPv4("cilium_host")}
+	if watched {
+		f.host, f.events = h, events
+	}
+	return h, nil
 }
 
 // notHost are interfaces whose addresses are not the host's own: the
@@ -91,19 +140,7 @@ var notHost = []string{topology.TunnelCilium, topology.TunnelIPIP, topology.Tunn
 
 // Self implements reconcile.SelfSource.
 func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
-	addrs, err := f.Host.HostAddresses(append([]string{f.WireGuard.Interface()}, notHost...)...)
-	if err != nil {
-		return topology.Self{}, err
-	}
-	iface, mtu, err := f.Host.DefaultRoute()
-	if err != nil {
-		return topology.Self{}, err
-	}
-	tunnel, err := f.Host.FindTunnel(topology.TunnelCilium, topology.TunnelIPIP)
-	if err != nil {
-		return topology.Self{}, fmt.Errorf("looking for the tunnel device: %w", err)
-	}
-	gw, err := f.Host.DefaultGateway()
+	h, err := f.readHost()
 	if err != nil {
 		return topology.Self{}, err
 	}
@@ -113,10 +150,10 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 	}
 	self := topology.Self{
 		PublicKey: topology.Key(f.WireGuard.PublicKey()), Version: f.Version, HostnameAddrs: f.HostnameAddrs,
-		DefaultInterface: iface, DefaultMTU: mtu, DefaultGateway: gw, CiliumHostIP: f.Host.InterfaceIPv4("cilium_host"), TunnelDevice: tunnel,
-		Addresses: make([]topology.HostAddress, len(addrs)), Device: make([]topology.DevicePeer, len(st.Peers)),
+		DefaultInterface: h.iface, DefaultMTU: h.mtu, DefaultGateway: h.gateway, CiliumHostIP: h.ciliumHostIP, TunnelDevice: h.tunnel,
+		Addresses: make([]topology.HostAddress, len(h.addrs)), Device: make([]topology.DevicePeer, len(st.Peers)),
 	}
-	for i, a := range addrs {
+	for i, a := range h.addrs {
 		self.Addresses[i] = topology.HostAddress(a)
 	}
 	for i, p := range st.Peers {

@@ -311,9 +311,9 @@ func (l *Loop) Run(ctx context.Context) error {
 			l.retries.Forget(retryItem)
 		}
 		l.sched.done(start, l.Clock.Now(), held, changes)
-		// Re-plan when a node's last-seen ages out (see
-		// topology.NextReadinessChange); a little after, so the planner
-		// sees it stale.
+		// Re-plan when the plan changes with time alone (a node's
+		// last-seen ageing out, this node's due for its refresh: see
+		// planner.NextChange); a little after, so the planner sees it.
 		stop(expiry)
 		expiry = nil
 		if next := l.nextChange.Load(); next != 0 {
@@ -395,7 +395,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	snap.Settings = l.Settings
 	plan := planner.Compute(snap, self)
 	planned = &plan
-	if next := topology.NextReadinessChange(snap); next.IsZero() {
+	if next := planner.NextChange(snap, l.Node); next.IsZero() {
 		l.nextChange.Store(0)
 	} else {
 		l.nextChange.Store(next.UnixNano())

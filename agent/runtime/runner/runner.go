@@ -446,18 +446,14 @@ func (a *Agent) watchGrants(ctx context.Context, on chan<- []string) {
 	}
 }
 
-// forward turns host events and topology.MinRunInterval into loop runs.
+// forward turns host events into loop runs.
 func (a *Agent) forward(ctx context.Context) {
-	t := a.opts.Clock.NewTicker(topology.MinRunInterval)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-a.opts.HostEvents:
 			a.Loop.Notify(a.opts.Clock.Now())
-		case <-t.C():
-			a.Loop.Notify(time.Time{})
 		}
 	}
 }
