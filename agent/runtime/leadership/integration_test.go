@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -343,4 +344,59 @@ func TestElectorWakesThePlanOnChangesOnly(t *testing.T) {
 	renew()
 	poll(t, ctx, "the new holder seen", func() bool { return e.State().Holder == other })
 	poll(t, ctx, "the plan woken for the new holder", func() bool { return wakes.Load()-base == 3 })
+}
+
+// A Lease free for long: nodes that become candidates for it at one moment
+// (their location just became governed, its last kg node having switched)
+// wait their rank from that moment, so the first in Kilo's order takes it
+// and not whichever plans first. The clock is fake: the second candidate's
+// stagger never runs out here, so it cannot take the Lease unless it
+// counted from the Lease's freeing.
+func TestElectorNewCandidatesWaitTheirRank(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs kube-apiserver")
+	}
+	ctx, srv, admin := startAPI(t)
+	const lease = "meshlet-leader-s"
+	clk := clocktesting.NewFakeClock(time.Now())
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// The plan is woken once the watch has listed the Lease absent (and
+	// taken the time it found it free).
+	var listed atomic.Int32
+	elector := func(n string) *Elector {
+		e := &Elector{Client: kubernetes.NewForConfigOrDie(srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet")),
+			Namespace: "kilo-system", Identity: n, Log: log.With("node", n), Clock: clk,
+			Notify: func(time.Time) { listed.Add(1) }}
+		e.Start(ctx)
+		return e
+	}
+	s1, s2 := elector("s-1"), elector("s-2")
+	follow := func(e *Elector, l topology.Leadership) {
+		t.Helper()
+		l.Location, l.Lease = "s", lease
+		if err := e.Follow(ctx, topology.Plan{Leadership: &l}, true, clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Kilo's rule while kg runs in the location: no candidate, no Lease.
+	follow(s1, topology.Leadership{})
+	follow(s2, topology.Leadership{})
+	poll(t, ctx, "both watching the absent Lease", func() bool { return listed.Load() == 2 })
+	clk.Step(time.Minute)
+	// Governed: s-2 (rank 1) happens to plan first. It waits its stagger
+	// from now, not from when the Lease was found free.
+	follow(s2, topology.Leadership{Governed: true, Candidate: true, Wait: failover.RankStagger})
+	poll(t, ctx, "s-2 decided", func() bool { st := s2.Status(); return st.Held || !st.TakesAt.IsZero() })
+	if st, want := s2.Status(), clk.Now().Add(failover.RankStagger); st.Held || !st.TakesAt.Equal(want) {
+		t.Fatalf("s-2 holds %v, takes the Lease at %v: want it waiting until %v", st.Held, st.TakesAt, want)
+	}
+	follow(s1, topology.Leadership{Governed: true, Candidate: true})
+	poll(t, ctx, "s-1 holding", func() bool { return s1.Status().Held })
+	l, err := admin.CoordinationV1().Leases("kilo-system").Get(ctx, lease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := l.Spec.HolderIdentity; h == nil || *h != "s-1" || s2.Status().Held {
+		t.Errorf("holder %v (s-2 holds: %v), want s-1 alone", h, s2.Status().Held)
+	}
 }

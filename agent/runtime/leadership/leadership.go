@@ -104,6 +104,16 @@ type Elector struct {
 	brokenAt  time.Time
 	reread    bool      // broken by a failed write: read the Lease to mend the view
 	freeSince time.Time // when rec was seen free (or absent)
+	// candidateSince: when the plan last made this node a candidate for
+	// the Lease it watches. A candidate's rank stagger counts from the
+	// later of this and freeSince, so a node that becomes a candidate for a
+	// Lease free for long (its location just became governed: every node
+	// runs meshlet now) does not take it ahead of the nodes Kilo's order
+	// puts first, which became candidates at the same moment.
+	candidateSince time.Time
+	// takesAt: when this candidate takes the free Lease unless something
+	// changes first (zero: it does not wait for one).
+	takesAt   time.Time
 	renewedAt time.Time // this node's last successful renewal
 	// expiryNoted: the loop was woken for the holder's presumed death in
 	// this view (step); the next delivery clears it.
@@ -369,9 +379,12 @@ func (e *Elector) Roles() []Role {
 
 // Status is what /status shows of the elector.
 type Status struct {
-	Lease     string              `json:"lease,omitempty"`
-	Holder    string              `json:"holder,omitempty"`
-	Held      bool                `json:"held"`
+	Lease  string `json:"lease,omitempty"`
+	Holder string `json:"holder,omitempty"`
+	Held   bool   `json:"held"`
+	// TakesAt: when this candidate takes the free Lease, its rank's
+	// stagger counted out, unless something changes first.
+	TakesAt   time.Time           `json:"takesAt,omitzero"`
 	RenewedAt time.Time           `json:"renewedAt,omitzero"`
 	Roles     []Role              `json:"roles"`
 	StepAside *topology.StepAside `json:"stepAside,omitempty"`
@@ -381,7 +394,7 @@ type Status struct {
 func (e *Elector) Status() Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	st := Status{Lease: e.name, Holder: holderOf(e.rec), Held: e.held, RenewedAt: e.renewedAt, Roles: append([]Role{}, e.roles...), StepAside: e.stepAside}
+	st := Status{Lease: e.name, Holder: holderOf(e.rec), Held: e.held, TakesAt: e.takesAt, RenewedAt: e.renewedAt, Roles: append([]Role{}, e.roles...), StepAside: e.stepAside}
 	if st.Lease != "" {
 		st.Lease = e.Namespace + "/" + st.Lease
 	}
@@ -402,6 +415,11 @@ func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, 
 		e.Watch(l.Lease)
 	}
 	e.mu.Lock()
+	if candidate := l.Candidate && l.Lease != ""; !candidate {
+		e.candidateSince = time.Time{}
+	} else if prev := e.intent; e.candidateSince.IsZero() || prev == nil || !prev.Candidate || prev.Lease != l.Lease {
+		e.candidateSince = e.clock().Now()
+	}
 	e.intent = l
 	g := fmt.Sprint(l.Location, l.Governed, l.Why)
 	logGov := g != e.governance && l.Location != ""
@@ -667,6 +685,7 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	var act action
 	var due time.Time
 	reason := ""
+	e.takesAt = time.Time{}
 	switch {
 	case held && in != nil && in.Release != "":
 		act, reason = release, in.Release
@@ -690,8 +709,12 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		if since.IsZero() {
 			break
 		}
+		if e.candidateSince.After(since) {
+			since = e.candidateSince
+		}
 		due = since.Add(in.Wait)
 		if now.Before(due) {
+			e.takesAt = due
 			break
 		}
 		act = acquire

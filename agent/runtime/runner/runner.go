@@ -501,7 +501,7 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 	}
 	if a.elector != nil {
 		es := a.elector.Status()
-		in.Leadership = &status.Leadership{Held: es.Held, RenewedAt: es.RenewedAt, Roles: []status.Role{}}
+		in.Leadership = &status.Leadership{Held: es.Held, TakesAt: es.TakesAt, RenewedAt: es.RenewedAt, Roles: []status.Role{}}
 		for _, r := range es.Roles {
 			in.Leadership.Roles = append(in.Leadership.Roles, status.Role{At: r.At, Leader: r.Leader})
 		}

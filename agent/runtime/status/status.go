@@ -59,7 +59,10 @@ type Status struct {
 // (docs/failover.md).
 type Leadership struct {
 	topology.Leadership
-	Held      bool      `json:"held"`
+	Held bool `json:"held"`
+	// TakesAt: when this candidate takes the free Lease (its rank's
+	// stagger counted out) unless something changes first.
+	TakesAt   time.Time `json:"takesAt,omitzero"`
 	RenewedAt time.Time `json:"renewedAt,omitzero"`
 	// Roles are this node's role changes, oldest first: from At on it was
 	// (Leader) or was not configured as the location's leader.
@@ -232,6 +235,9 @@ func leadershipLine(l *Leadership) string {
 		line += " held by " + l.Holder
 	default:
 		line += " free"
+	}
+	if !l.Held && !l.TakesAt.IsZero() {
+		line += ", this node takes it at " + l.TakesAt.UTC().Format(time.RFC3339)
 	}
 	if len(l.Candidates) > 0 {
 		line += ", candidates " + strings.Join(l.Candidates, ",")
