@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -195,10 +196,15 @@ func startDevice(ctx context.Context, meshlet string, wrap func(...string) []str
 		return err
 	}
 	go func() { _ = cmd.Wait(); logf.Close() }()
+	// Ready once the socket answers: its file exists from bind(2) on, a
+	// moment before listen(2), when a connection is refused.
 	sock := filepath.Join(wgDir, iface+".sock")
 	return Poll(ctx, 10*time.Second, 20*time.Millisecond, "device socket "+sock, func() (bool, error) {
-		_, err := os.Stat(sock)
-		return err == nil, nil
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return false, nil
+		}
+		return true, c.Close()
 	})
 }
 
