@@ -450,8 +450,8 @@ func CoolDownEnd(l *topology.LeaseState, now time.Time) time.Time {
 		return next
 	}
 	for _, sa := range l.StepAsides {
-		if t := sa.At.Add(StepAsideCoolDown); t.After(now) && (next.IsZero() || t.Before(next)) {
-			next = t
+		if t := sa.At.Add(StepAsideCoolDown); t.After(now) {
+			next = topology.Earliest(next, t)
 		}
 	}
 	return next

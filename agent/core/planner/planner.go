@@ -117,21 +117,15 @@ func leaderPath(local topology.Local, leader bool) *topology.LeaderPathProbe {
 // not among them: the agent that watches the Lease knows when its view
 // runs out (agent/runtime/leadership).
 func NextChange(snap topology.Snapshot, self string) time.Time {
-	next := topology.NextReadinessChange(snap)
-	earlier := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
+	next := topology.Earliest(topology.NextReadinessChange(snap), failover.CoolDownEnd(snap.Lease, snap.Now))
 	for i := range snap.Nodes {
 		if n := &snap.Nodes[i]; n.Name == self && !n.LastSeen.IsZero() {
 			due := n.LastSeen.Add(topology.LastSeenRefresh)
 			if !due.After(snap.Now) {
 				due = snap.Now.Add(topology.LastSeenRefresh)
 			}
-			earlier(due)
+			next = topology.Earliest(next, due)
 		}
 	}
-	earlier(failover.CoolDownEnd(snap.Lease, snap.Now))
 	return next
 }

@@ -22,3 +22,16 @@ const (
 	// window the loop plans again, so the plan sees it stale.
 	ExpirySlack = 100 * time.Millisecond
 )
+
+// Earliest is the earliest of the moments that are set (non-zero), zero when
+// none is: how the planner, failover and the Elector combine the times at
+// which something next changes.
+func Earliest(ts ...time.Time) time.Time {
+	var next time.Time
+	for _, t := range ts {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	return next
+}

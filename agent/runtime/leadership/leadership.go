@@ -823,10 +823,7 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		e.log().Info("released the location Lease", "lease", e.Namespace+"/"+name, "reason", reason)
 		e.notify()
 	}
-	if !expiry.IsZero() && (due.IsZero() || expiry.Before(due)) {
-		return expiry
-	}
-	return due
+	return topology.Earliest(expiry, due)
 }
 
 func (e *Elector) setHeld(v bool) {
