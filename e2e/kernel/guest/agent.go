@@ -70,6 +70,7 @@ var agentSteps = []string{
 	"route-restored-by-watch",
 	"return-rule-needed",
 	"leader-restart-session-kept",
+	"leader-power-off-failover",
 	"agents-stopped-dataplane-kept",
 }
 
@@ -88,15 +89,14 @@ type agentDriver struct {
 
 func (d *agentDriver) logPath(n nodeDef) string { return filepath.Join(d.dir, n.Name, "meshlet.log") }
 
-// args is meshlet's command line on node n: Cozystack's Kilo flags. The
-// steps check the kernel data plane of the roles Kilo's rule gives (node
-// "leader" leads, also across its agent's restarts), so leadership is Kilo's
-// rule here; the location Lease, under which a restarted leader's place may
-// go to another node, is make e2e's subject (docs/failover.md).
+// args is meshlet's command line on node n: Cozystack's Kilo flags, and
+// the location Lease on (the default): location a (leader, worker) is
+// governed by it (docs/failover.md#governed), node "leader" takes it first
+// (Kilo's order), keeps it across its agent's graceful restart and loses it
+// to "worker" when it is powered off.
 func (d *agentDriver) args(n nodeDef) []string {
 	return []string{"run",
 		"--wireguard=kernel",
-		"--leader-election=false",
 		"--hostname=" + n.Name,
 		"--kubeconfig=" + d.kc,
 		"--internal-cidr=" + n.Private.String(),
@@ -159,6 +159,20 @@ func (d *agentDriver) stop(ctx context.Context, n nodeDef) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	delete(d.procs, n.Name)
+	d.exits[n.Name] = append(d.exits[n.Name], p.cmd.ProcessState.String())
+	return nil
+}
+
+// kill stops meshlet on node n with SIGKILL, as a power loss would: nothing
+// runs its shutdown (the Lease is neither released nor stretched).
+func (d *agentDriver) kill(n nodeDef) error {
+	p := d.procs[n.Name]
+	if p == nil {
+		return fmt.Errorf("%s: meshlet not running", n.Name)
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
 	delete(d.procs, n.Name)
 	d.exits[n.Name] = append(d.exits[n.Name], p.cmd.ProcessState.String())
 	return nil
@@ -470,6 +484,22 @@ func series(page, name string) (map[string]float64, error) {
 	return out, nil
 }
 
+// leaseHolder: node n holds location a's Lease and the other node of a
+// does not (meshlet_lease_held on both; the killed leader has no agent to
+// ask and counts as not holding it).
+func leaseHolder(ctx context.Context, n nodeDef) error {
+	for _, o := range []nodeDef{leaderNode, workerNode} {
+		held, err := metric(ctx, o, "meshlet_lease_held", "")
+		if err != nil && o.Name == n.Name {
+			return err
+		}
+		if want := o.Name == n.Name; (held == 1) != want {
+			return fmt.Errorf("%s: meshlet_lease_held %v, want %v", o.Name, held, map[bool]int{true: 1}[want])
+		}
+	}
+	return nil
+}
+
 // checkSteady: every agent reports its role (meshlet_leader, meshlet_peers)
 // and, once converged, a full reconcile changes nothing on the data plane.
 func checkSteady(ctx context.Context) error {
@@ -712,7 +742,66 @@ func runAgentMode() int {
 		if rules < 1 {
 			return fmt.Errorf("the restarted meshlet reports %v rule changes, want the return rule", rules)
 		}
+		// The role is kept: the restarted agent resumes the Lease its
+		// predecessor stretched, and the worker never took it.
+		if err := poll(ctx, pollTimeout, func() error { return leaseHolder(ctx, leaderNode) }); err != nil {
+			return fmt.Errorf("after the restart: %w", err)
+		}
+		if took, err := metric(ctx, workerNode, "meshlet_leader_changes_total", ""); err != nil || took != 0 {
+			return fmt.Errorf("worker: meshlet_leader_changes_total %v (%v), want 0: the restart moved the role", took, err)
+		}
 		return pingAll(ctx, workerNode.Name, remotePod, 2)
+	})
+
+	// After the power-off the worker leads location a: the plans of the
+	// same scenario with the Lease's mark on worker.
+	led := plansLedBy(ks, time.Now(), workerNode.Name)
+	r.step("leader-power-off-failover", func() error {
+		// Power off: the agent killed (no shutdown runs, the Lease is not
+		// stretched) and the node cut from the underlay. The worker takes
+		// the Lease once the holder's renewals stop (its duration, 3 s,
+		// then its rank's wait), leads, and the remote location follows
+		// its mark.
+		off := time.Now()
+		if err := d.kill(leaderNode); err != nil {
+			return err
+		}
+		if _, err := ip(ctx, "-n", leaderNode.Name, "link", "set", underlay, "down"); err != nil {
+			return err
+		}
+		if err := poll(ctx, pollTimeout, func() error { return leaseHolder(ctx, workerNode) }); err != nil {
+			return err
+		}
+		tookLease := time.Since(off)
+		if err := poll(ctx, pollTimeout, func() error {
+			return errors.Join(checkKernelDevice(ctx, workerNode, led[workerNode.Name]), checkKernelDevice(ctx, remoteNode, led[remoteNode.Name]))
+		}); err != nil {
+			return fmt.Errorf("after the worker took the Lease (%s): %w", tookLease.Round(time.Millisecond), err)
+		}
+		followed := time.Since(off)
+		if err := pingUntil(ctx, podNS(workerNode), remotePod); err != nil {
+			return err
+		}
+		traffic := time.Since(off)
+		info("leader powered off: worker holds the Lease after %s, worker's and remote's kilo0 as planned after %s, pod traffic worker -> remote after %s",
+			tookLease.Round(time.Millisecond), followed.Round(time.Millisecond), traffic.Round(time.Millisecond))
+		// Power back on: the old leader rejoins as a follower (nobody
+		// takes a held Lease), its kilo0 down with no peers.
+		if _, err := ip(ctx, "-n", leaderNode.Name, "link", "set", underlay, "up"); err != nil {
+			return err
+		}
+		if err := d.start(leaderNode); err != nil {
+			return err
+		}
+		if err := d.waitReady(ctx, leaderNode, 60*time.Second); err != nil {
+			return err
+		}
+		if err := poll(ctx, pollTimeout, func() error {
+			return errors.Join(leaseHolder(ctx, workerNode), checkIdle(ctx, leaderNode))
+		}); err != nil {
+			return fmt.Errorf("after the old leader came back: %w", err)
+		}
+		return pingAll(ctx, podNS(workerNode), remotePod, 2)
 	})
 
 	r.step("agents-stopped-dataplane-kept", func() error {
@@ -730,10 +819,10 @@ func runAgentMode() int {
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
-		if err := checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]); err != nil {
+		if err := checkKernelDevice(ctx, workerNode, led[workerNode.Name]); err != nil {
 			return err
 		}
-		if err := checkWorkerRoute(ctx); err != nil {
+		if err := checkKernelDevice(ctx, remoteNode, led[remoteNode.Name]); err != nil {
 			return err
 		}
 		return pingAll(ctx, podNS(workerNode), remotePod, 2)

@@ -88,7 +88,7 @@ func info(format string, args ...any) { fmt.Printf("INFO "+format+"\n", args...)
 func datapathSteps(ctx context.Context, r *reporter, ks keys, ps map[string]topology.Plan, converge func(func() error) func() error) bool {
 	ok := r.step("kernel-wireguard-leader", converge(func() error { return checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]) }))
 	ok = r.step("kernel-wireguard-remote", converge(func() error { return checkKernelDevice(ctx, remoteNode, ps[remoteNode.Name]) })) && ok
-	ok = r.step("worker-kilo0-down-no-peers", converge(func() error { return checkWorkerIdle(ctx) })) && ok
+	ok = r.step("worker-kilo0-down-no-peers", converge(func() error { return checkIdle(ctx, workerNode) })) && ok
 	ok = r.step("worker-route-via-cilium_tunl", converge(func() error { return checkWorkerRoute(ctx) })) && ok
 
 	remotePod := remoteNode.Pod.String()
@@ -360,25 +360,25 @@ func prefixStrings(ps []netip.Prefix) string {
 	return strings.Join(s, ",")
 }
 
-// checkWorkerIdle: the non-leader's kilo0 exists (kernel) but is down and
-// has no peers.
-func checkWorkerIdle(ctx context.Context) error {
-	l, err := showLink(ctx, workerNode.Name, "kilo0", "-d")
+// checkIdle: a non-leader's kilo0 exists (kernel) but is down and has no
+// peers.
+func checkIdle(ctx context.Context, n nodeDef) error {
+	l, err := showLink(ctx, n.Name, "kilo0", "-d")
 	if err != nil {
 		return err
 	}
 	if l.Linkinfo.InfoKind != "wireguard" {
-		return fmt.Errorf("worker kilo0 link type %q, want wireguard", l.Linkinfo.InfoKind)
+		return fmt.Errorf("%s kilo0 link type %q, want wireguard", n.Name, l.Linkinfo.InfoKind)
 	}
 	if slices.Contains(l.Flags, "UP") {
-		return fmt.Errorf("worker kilo0 is up: %v", l.Flags)
+		return fmt.Errorf("%s kilo0 is up: %v", n.Name, l.Flags)
 	}
-	st, err := wgShow(ctx, workerNode)
+	st, err := wgShow(ctx, n)
 	if err != nil {
 		return err
 	}
 	if len(st.Peers) != 0 {
-		return fmt.Errorf("worker kilo0 has %d peers, want 0", len(st.Peers))
+		return fmt.Errorf("%s kilo0 has %d peers, want 0", n.Name, len(st.Peers))
 	}
 	return nil
 }

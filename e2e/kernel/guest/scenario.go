@@ -160,7 +160,24 @@ func self(n nodeDef, ks keys) topology.Self {
 
 // plans computes every node's plan from the same snapshot.
 func plans(ks keys, now time.Time) map[string]topology.Plan {
+	return plansOf(snapshot(ks, now), ks)
+}
+
+// plansLedBy is plans with node lead leading location a: the snapshot the
+// agents see once lead holds the location's Lease, whose mark
+// (kilo.squat.ai/leader, docs/failover.md#marks) it carries instead of
+// node "leader".
+func plansLedBy(ks keys, now time.Time, lead string) map[string]topology.Plan {
 	snap := snapshot(ks, now)
+	for i, n := range snap.Nodes {
+		if n.LocationAnnotation == leaderNode.Location {
+			snap.Nodes[i].Leader = n.Name == lead
+		}
+	}
+	return plansOf(snap, ks)
+}
+
+func plansOf(snap topology.Snapshot, ks keys) map[string]topology.Plan {
 	out := map[string]topology.Plan{}
 	for _, n := range scenarioNodes {
 		out[n.Name] = planner.Compute(snap, self(n, ks))
