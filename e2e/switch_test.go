@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
+	"github.com/meshlet/meshlet/wg"
 )
 
 // The images of Kilo's DaemonSet before and after the switch (only their
@@ -43,7 +44,8 @@ const (
 // routes, rules, chains and annotations go), the pod replaced, kg started
 // with its defaults.
 //
-// Asserted in each direction: no ping gap over 1 s on any pair; no leader
+// Asserted in each direction: no ping gap longer than a repaired session
+// takes at worst (maxSwitchGap) on any pair; no leader
 // change but those the switch makes (a-s1 leaves and comes back); no
 // meshlet annotation on a node that runs kg; after every step, every
 // node's kilo0 equals kgctl's view (Kilo's rules on the API's state). The
@@ -357,8 +359,8 @@ func TestRollingSwitch(t *testing.T) {
 			}
 			t.Logf("%s %s: %d/%d lost, longest gap %v after the reply at %s (%s)", ph.name, name, w.Lost, w.Sent,
 				w.Gap.Round(time.Millisecond), w.GapFrom.Format("15:04:05.000"), during(w.GapFrom))
-			if w.Gap > time.Second {
-				t.Errorf("%s: %s went %v without a reply (> 1 s)", ph.name, name, w.Gap.Round(time.Millisecond))
+			if w.Gap > maxSwitchGap {
+				t.Errorf("%s: %s went %v without a reply (> %v)", ph.name, name, w.Gap.Round(time.Millisecond), maxSwitchGap)
 			}
 		}
 	}
@@ -417,6 +419,19 @@ func TestRollingSwitch(t *testing.T) {
 		fig[1].lost, fig[1].sent, pct(fig[1].lost, fig[1].sent), fig[1].gap.Round(time.Millisecond), fig[1].worst,
 		changes, rewrites, strings.Join(rs, ", "), repairs, time.Since(start).Round(time.Second))
 }
+
+// maxSwitchGap bounds a pair's longest ping gap during the switch. Each
+// kg rewrite forgets the sessions of kg's device; meshlet's side repairs its
+// half (docs/kilo-compatibility.md#half-dead) after SuspectAfter and
+// ProbeTimeout, and when kg's next rewrite eats the fresh handshake too it
+// re-creates the peer once more RetryAfter after the repair. Add 0.5 s for
+// the counters' sampling, the ping interval and the handshake: a gap longer
+// than that is a session left to WireGuard's own timers (5 s
+// REKEY_TIMEOUT, or 15 s), which is what this test is there to catch. (It
+// was 1 s, the single repair's figure, 0.6–0.7 s, which a retry exceeds by
+// design.)
+var maxSwitchGap = wg.DefaultSessionPolicy.SuspectAfter + wg.DefaultSessionPolicy.ProbeTimeout +
+	wg.DefaultSessionPolicy.RetryAfter + 500*time.Millisecond
 
 func pct(a, b int) float64 {
 	if b == 0 {
