@@ -288,6 +288,14 @@ type appliedState struct {
 	privateKey wgtypes.Key
 	listenPort int
 	peers      map[wgtypes.Key]*appliedPeer
+	// order is a cache of peers by their position in the last plan
+	// (lookup): plans keep their order from apply to apply, so a lookup by
+	// position is a pointer and a key compare where the map costs a hash
+	// and a probe — what made a one-peer apply grow with the device's size
+	// (docs/performance.md#apply). A slot may be stale (nil, another key, a
+	// removed peer); lookup then falls back to the map and diffApplied
+	// writes the slot.
+	order []*appliedPeer
 	// probes counts the peers with a SessionProbe (the watch reads their
 	// counters only while there are any).
 	probes int
@@ -301,7 +309,8 @@ type appliedState struct {
 // (nil: none yet); Endpoint is the plan's string it came from.
 type appliedPeer struct {
 	ResolvedPeer
-	seen uint64
+	seen    uint64
+	removed bool // gone from peers; a stale order slot may still hold it
 }
 
 // newApplied records in as written to a device whose listen port is port
@@ -311,10 +320,23 @@ func newApplied(in DiffInput, port int) *appliedState {
 	if in.ListenPort != 0 {
 		a.listenPort = in.ListenPort
 	}
-	for _, p := range in.Peers {
+	a.order = make([]*appliedPeer, len(in.Peers))
+	for i, p := range in.Peers {
 		a.set(p)
+		a.order[i] = a.peers[p.PublicKey]
 	}
 	return a
+}
+
+// lookup is the peer applied as key (nil: none), where the last plan had
+// it at position i or elsewhere.
+func (a *appliedState) lookup(i int, key wgtypes.Key) *appliedPeer {
+	if i < len(a.order) {
+		if p := a.order[i]; p != nil && !p.removed && p.PublicKey == key {
+			return p
+		}
+	}
+	return a.peers[key]
 }
 
 // set records peer p as written. A peer whose endpoint did not resolve
@@ -341,6 +363,7 @@ func (a *appliedState) remove(k wgtypes.Key) {
 		if prev.SessionProbe.IsValid() {
 			a.probes--
 		}
+		prev.removed = true
 		delete(a.peers, k)
 	}
 }
@@ -397,10 +420,14 @@ func diffApplied(in DiffInput, a *appliedState) appliedDiff {
 	a.epoch++
 	planned := 0
 	var added map[wgtypes.Key]bool
+	if len(a.order) != len(in.Peers) {
+		a.order = slices.Grow(a.order[:0], len(in.Peers))[:len(in.Peers)]
+	}
 	for i := range in.Peers {
 		d := &in.Peers[i]
 		key := d.PublicKey
-		prev := a.peers[key]
+		prev := a.lookup(i, key)
+		a.order[i] = prev
 		switch {
 		case prev != nil && prev.seen == a.epoch, prev == nil && added[key]:
 			continue // the planner rejects duplicates; be safe anyway

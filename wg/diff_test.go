@@ -227,3 +227,57 @@ func TestDiff(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestDiffAppliedFollowsPlanOrder: the memory's position cache (order)
+// never hides a change — plans reordered, a peer changed, removed, and
+// re-added at the position its removed self still occupies in the cache.
+func TestDiffAppliedFollowsPlanOrder(t *testing.T) {
+	peer := func(name string, k byte, ips ...string) ResolvedPeer {
+		return ResolvedPeer{PeerSpec: PeerSpec{Name: name, PublicKey: testKey(k), AllowedIPs: pfx(ips...)}}
+	}
+	a, b, c := peer("a", 1, "10.0.1.0/24"), peer("b", 2, "10.0.2.0/24"), peer("c", 3, "10.0.3.0/24")
+	b2 := peer("b", 2, "10.0.22.0/24")
+	a2 := peer("a", 1, "10.0.11.0/24")
+	mem := newApplied(DiffInput{ListenPort: 51820, Peers: []ResolvedPeer{a, b, c}}, 51820)
+	type want struct{ added, updated, removed []string }
+	names := func(cs []PeerChange) []string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	for _, step := range []struct {
+		name  string
+		peers []ResolvedPeer
+		want  want
+	}{
+		{"same plan", []ResolvedPeer{a, b, c}, want{}},
+		{"reordered", []ResolvedPeer{c, a, b}, want{}},
+		{"one changed", []ResolvedPeer{c, a, b2}, want{updated: []string{"b"}}},
+		{"one removed", []ResolvedPeer{c, b2}, want{removed: []string{"a"}}},
+		{"re-added elsewhere, changed", []ResolvedPeer{a2, c, b2}, want{added: []string{"a"}}},
+		{"last removed", []ResolvedPeer{a2, c}, want{removed: []string{"b"}}},
+		// The cache's slot 2 still holds the removed b: it must not pass
+		// for the applied b.
+		{"re-added where its removed self is cached", []ResolvedPeer{a2, c, b2}, want{added: []string{"b"}}},
+		{"settled", []ResolvedPeer{a2, c, b2}, want{}},
+	} {
+		in := DiffInput{ListenPort: 51820, Peers: step.peers}
+		d := diffApplied(in, mem)
+		if d.needRead {
+			t.Fatalf("%s: needRead", step.name)
+		}
+		got := want{names(d.rep.Added), names(d.rep.Updated), names(d.rep.Removed)}
+		if !reflect.DeepEqual(got, step.want) {
+			t.Fatalf("%s: added %v updated %v removed %v, want %+v", step.name, got.added, got.updated, got.removed, step.want)
+		}
+		// What Manager.remember does after a successful apply.
+		for _, r := range d.rep.Removed {
+			mem.remove(r.PublicKey)
+		}
+		for _, i := range d.changed {
+			mem.set(in.Peers[i])
+		}
+	}
+}

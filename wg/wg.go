@@ -336,7 +336,7 @@ func (m *Manager) resolve(ctx context.Context, peers []PeerSpec) []ResolvedPeer 
 			continue
 		}
 		if m.applied != nil {
-			if prev := m.applied.peers[p.PublicKey]; prev != nil && prev.literal && prev.Endpoint == p.Endpoint {
+			if prev := m.applied.lookup(i, p.PublicKey); prev != nil && prev.literal && prev.Endpoint == p.Endpoint {
 				out[i].Addr, out[i].literal = prev.Addr, true
 				continue
 			}
