@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -104,10 +103,7 @@ func localStatus(ctx context.Context, socket string) (status.Status, error) {
 	var s status.Status
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}}
+	hc := status.SocketClient(socket, 0) // bounded by ctx
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://meshlet/status", nil)
 	if err != nil {
 		return s, err

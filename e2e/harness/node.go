@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
 // MetricsAddr is where every meshlet listens, inside its own namespace.
@@ -330,13 +331,7 @@ func (n *Node) HTTPGet(ctx context.Context, url string) (int, []byte, error) {
 
 // statusClient talks to meshlet's status socket.
 func (n *Node) statusClient() *http.Client {
-	return &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", n.StatusSocket())
-		},
-	}}
+	return status.SocketClient(n.StatusSocket(), 3*time.Second)
 }
 
 func (n *Node) get(ctx context.Context, path string) (int, []byte, error) {

@@ -3,12 +3,13 @@ package runner_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshlet/meshlet/agent/runtime/status"
 )
 
 // TestStatusSocketServesProfiles: Go's profiles are on the status socket
@@ -29,10 +30,7 @@ func TestStatusSocketServesProfiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	onSocket := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
+	onSocket := status.SocketClient(sock, 10*time.Second)
 	get := func(c *http.Client, url string) (int, string) {
 		t.Helper()
 		resp, err := c.Get(url)
