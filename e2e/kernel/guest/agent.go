@@ -159,9 +159,14 @@ func (d *agentDriver) stop(ctx context.Context, n nodeDef) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	d.reaped(n, p)
+	return nil
+}
+
+// reaped forgets node n's exited meshlet p and records its exit status.
+func (d *agentDriver) reaped(n nodeDef, p *agentProc) {
 	delete(d.procs, n.Name)
 	d.exits[n.Name] = append(d.exits[n.Name], p.cmd.ProcessState.String())
-	return nil
 }
 
 // kill stops meshlet on node n with SIGKILL, as a power loss would: nothing
@@ -173,8 +178,7 @@ func (d *agentDriver) kill(n nodeDef) error {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
-	delete(d.procs, n.Name)
-	d.exits[n.Name] = append(d.exits[n.Name], p.cmd.ProcessState.String())
+	d.reaped(n, p)
 	return nil
 }
 
@@ -493,8 +497,12 @@ func leaseHolder(ctx context.Context, n nodeDef) error {
 		if err != nil && o.Name == n.Name {
 			return err
 		}
-		if want := o.Name == n.Name; (held == 1) != want {
-			return fmt.Errorf("%s: meshlet_lease_held %v, want %v", o.Name, held, map[bool]int{true: 1}[want])
+		want := 0.0
+		if o.Name == n.Name {
+			want = 1
+		}
+		if held != want {
+			return fmt.Errorf("%s: meshlet_lease_held %v, want %v", o.Name, held, want)
 		}
 	}
 	return nil
