@@ -76,6 +76,13 @@ func (w *holderWatch) stop() {
 	<-w.done
 }
 
+// changeList is the holder changes seen so far.
+func (w *holderWatch) changeList() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.changes...)
+}
+
 // took is when holder took the Lease, as sampled (zero: not seen).
 func (w *holderWatch) took(holder string) time.Time {
 	w.mu.Lock()

@@ -60,6 +60,9 @@ type Options struct {
 	// ReadyTimeout bounds each wait for /readyz (default 90 s: a cold start
 	// takes ~3 s, more on a loaded CI machine running several servers).
 	ReadyTimeout time.Duration
+	// SlowEtcd puts a DelayLine between kube-apiserver and etcd
+	// (Server.Etcd sets its latency): a slow etcd.
+	SlowEtcd bool
 }
 
 // Server is one etcd + kube-apiserver pair. Its methods are safe to call from
@@ -81,7 +84,12 @@ type Server struct {
 	restarts [][2]time.Time
 	etcd     *proc
 	kubeAPI  *proc
+	etcdLine *DelayLine // with Options.SlowEtcd
 }
+
+// Etcd is the delay line kube-apiserver reaches etcd through, nil
+// without Options.SlowEtcd.
+func (s *Server) Etcd() *DelayLine { return s.etcdLine }
 
 const adminUser = "admin"
 
@@ -232,6 +240,10 @@ func (s *Server) kill() {
 		}
 	}
 	s.kubeAPI, s.etcd = nil, nil
+	if s.etcdLine != nil {
+		_ = s.etcdLine.Close()
+		s.etcdLine = nil
+	}
 }
 
 // setup writes the certificates, keys and token file.
@@ -377,11 +389,20 @@ func (s *Server) start() error {
 		return fmt.Errorf("etcd: %w", err)
 	}
 
+	apiEtcd := etcdURL
+	if s.opts.SlowEtcd {
+		if s.etcdLine == nil {
+			if s.etcdLine, err = NewDelayLine(context.Background(), fmt.Sprintf("127.0.0.1:%d", s.etcdPort)); err != nil {
+				return err
+			}
+		}
+		apiEtcd = "http://" + s.etcdLine.Addr()
+	}
 	args := []string{
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(s.apiPort),
-		"--etcd-servers=" + etcdURL,
+		"--etcd-servers=" + apiEtcd,
 		"--tls-cert-file=" + s.path("serving.crt"),
 		"--tls-private-key-file=" + s.path("serving.key"),
 		"--cert-dir=" + s.path("certs"),

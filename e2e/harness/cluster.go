@@ -69,7 +69,7 @@ func repoRoot() string {
 // meshlet would, the namespace, CRDs, meshlet's RBAC and the read-only
 // remote RBAC (every cluster of a mesh is remote for the others).
 func (e *Env) AddCluster(ctx context.Context, spec ClusterSpec) (*Cluster, error) {
-	srv, err := apiserver.StartServer(apiserver.Options{ExtraArgs: e.opts.APIServerArgs}, e.opts.Logf)
+	srv, err := apiserver.StartServer(apiserver.Options{ExtraArgs: e.opts.APIServerArgs, SlowEtcd: e.opts.SlowEtcd}, e.opts.Logf)
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", spec.Name, err)
 	}

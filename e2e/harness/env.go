@@ -47,6 +47,9 @@ type Options struct {
 	// APIServerArgs are added to every cluster's kube-apiserver (e.g.
 	// --enable-priority-and-fairness=true, which e2e/apiserver turns off).
 	APIServerArgs []string
+	// SlowEtcd puts a delay line between every cluster's kube-apiserver
+	// and its etcd (Cluster.Server.Etcd sets the latency).
+	SlowEtcd bool
 }
 
 // Env is one test mesh.

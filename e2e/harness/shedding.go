@@ -4,10 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -15,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/meshlet/meshlet/e2e/apiserver"
 )
 
 // Flow is an API Priority and Fairness flow of one ServiceAccount's
@@ -22,7 +20,7 @@ import (
 // its own priority level. It counts that account's requests (the API
 // server's apiserver_flowcontrol_* series by flow schema). A level with
 // no seats refuses with HTTP 429 only requests that arrive while another
-// of its requests executes (docs/failover.md#shedding).
+// of its requests executes: a SeatHog's (docs/failover.md#shedding).
 type Flow struct {
 	c    *Cluster
 	Name string
@@ -57,21 +55,28 @@ func (f *Flow) Set(ctx context.Context, namespace, sa string, shares int32) erro
 	if err != nil {
 		return fmt.Errorf("cluster %s: priority level %s: %w", f.c.Name, f.Name, err)
 	}
+	return f.schema(ctx, f.Name, flowcontrolv1.Subject{Kind: flowcontrolv1.SubjectKindServiceAccount,
+		ServiceAccount: &flowcontrolv1.ServiceAccountSubject{Namespace: namespace, Name: sa}})
+}
+
+// schema makes a FlowSchema name (unless it exists) that puts every
+// request of subject into the flow's priority level.
+func (f *Flow) schema(ctx context.Context, name string, subject flowcontrolv1.Subject) error {
+	fc := f.c.Admin.FlowcontrolV1()
 	all := []string{"*"}
-	fs := &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: f.Name},
+	fs := &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: flowcontrolv1.FlowSchemaSpec{PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: f.Name},
 			// Ahead of every built-in schema but exempt (1 is reserved for
 			// it): "probes" (2, /readyz) loses the tie by name.
 			MatchingPrecedence: 2, DistinguisherMethod: &flowcontrolv1.FlowDistinguisherMethod{Type: flowcontrolv1.FlowDistinguisherMethodByUserType},
 			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
-				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindServiceAccount,
-					ServiceAccount: &flowcontrolv1.ServiceAccountSubject{Namespace: namespace, Name: sa}}},
+				Subjects:         []flowcontrolv1.Subject{subject},
 				ResourceRules:    []flowcontrolv1.ResourcePolicyRule{{Verbs: all, APIGroups: all, Resources: all, ClusterScope: true, Namespaces: all}},
 				NonResourceRules: []flowcontrolv1.NonResourcePolicyRule{{Verbs: all, NonResourceURLs: all}},
 			}}}}
-	if _, err := fc.FlowSchemas().Get(ctx, f.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+	if _, err := fc.FlowSchemas().Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		if _, err := fc.FlowSchemas().Create(ctx, fs, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("cluster %s: flow schema %s: %w", f.c.Name, f.Name, err)
+			return fmt.Errorf("cluster %s: flow schema %s: %w", f.c.Name, name, err)
 		}
 	}
 	return nil
@@ -127,8 +132,10 @@ func (f *Flow) Counts(ctx context.Context) (FlowCounts, error) {
 // built-in flow schemas.
 func (f *Flow) Delete(ctx context.Context) error {
 	fc := f.c.Admin.FlowcontrolV1()
-	if err := fc.FlowSchemas().Delete(ctx, f.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("cluster %s: deleting flow schema %s: %w", f.c.Name, f.Name, err)
+	for _, name := range []string{f.Name, f.hogSchema()} {
+		if err := fc.FlowSchemas().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("cluster %s: deleting flow schema %s: %w", f.c.Name, name, err)
+		}
 	}
 	if err := fc.PriorityLevelConfigurations().Delete(ctx, f.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("cluster %s: deleting priority level %s: %w", f.c.Name, f.Name, err)
@@ -136,19 +143,9 @@ func (f *Flow) Delete(ctx context.Context) error {
 	return nil
 }
 
-// SlowView is a TCP proxy to a cluster's API server that delays
-// everything the server sends by a settable latency (a slow link or an
-// API server answering slowly; order and throughput kept).
-type SlowView struct {
-	delay    atomic.Int64 // nanoseconds
-	accepted atomic.Int64
-}
-
-// Accepted is how many connections the view took so far.
-func (v *SlowView) Accepted() int64 { return v.accepted.Load() }
-
-// SetDelay sets the latency added from now on (0: none).
-func (v *SlowView) SetDelay(d time.Duration) { v.delay.Store(int64(d)) }
+// SlowView is a delay line to a cluster's API server (a slow link or an
+// API server answering slowly).
+type SlowView = apiserver.DelayLine
 
 // SlowView serves cluster c's API to the nodes at another address,
 // through a SlowView, and returns a kubeconfig of c's read-only remote
@@ -160,85 +157,21 @@ func (c *Cluster) SlowView(ctx context.Context) (*SlowView, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	v, err := apiserver.NewDelayLine(ctx, "127.0.0.1:"+c.APIPort())
 	if err != nil {
 		return nil, nil, err
 	}
-	v := &SlowView{}
-	target := "127.0.0.1:" + c.APIPort()
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			v.accepted.Add(1)
-			go v.serve(ctx, conn, target)
-		}
-	}()
-	e.onClose(func() { _ = l.Close() })
-	addr := l.Addr().String()
+	e.onClose(func() { _ = v.Close() })
 	for _, n := range e.Nodes() {
-		if err := e.forwardInto(n.NS, addr); err != nil {
+		if err := e.forwardInto(n.NS, v.Addr()); err != nil {
 			return nil, nil, err
 		}
 	}
 	for _, cl := range cfg.Clusters {
-		cl.Server = "https://" + addr
+		cl.Server = "https://" + v.Addr()
 	}
 	kc, err := clientcmd.Write(*cfg)
 	return v, kc, err
-}
-
-type chunk struct {
-	due time.Time
-	b   []byte
-}
-
-// serve copies one connection: client → server as it comes, server →
-// client through a delay line.
-func (v *SlowView) serve(ctx context.Context, c net.Conn, target string) {
-	defer c.Close()
-	var d net.Dialer
-	up, err := d.DialContext(ctx, "tcp", target)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	done := make(chan struct{}, 3)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	line := make(chan chunk, 1024)
-	go func() {
-		defer close(line)
-		for {
-			b := make([]byte, 32<<10)
-			n, err := up.Read(b)
-			if n > 0 {
-				line <- chunk{due: time.Now().Add(time.Duration(v.delay.Load())), b: b[:n]}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		for ch := range line {
-			if w := time.Until(ch.due); w > 0 {
-				t := time.NewTimer(w)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return
-				case <-t.C:
-				}
-			}
-			if _, err := c.Write(ch.b); err != nil {
-				return
-			}
-		}
-	}()
-	<-done
 }
 
 // Readyz is the agent's /readyz: its status code and body.
