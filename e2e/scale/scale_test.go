@@ -15,7 +15,9 @@
 // peer, per location), a heartbeat per node every SCALE_HEARTBEAT [30s].
 // Phases: idle (no API activity) for SCALE_IDLE [60s]; heartbeats alone
 // for SCALE_CHURN [120s]; heartbeats and a remote change every
-// SCALE_CHANGE [2s] for SCALE_CHURN again. Every remote cluster has its
+// SCALE_CHANGE [2s] for SCALE_CHURN again. With SCALE_PIN [1] the leader
+// and its device run alone on the last CPU, everything else on the others
+// (cgroup v1 cpusets; SCALE_PIN=0: unpinned). Every remote cluster has its
 // own API server and etcd: Nodes are cluster-scoped, so clusters cannot
 // share one.
 package scale
@@ -203,6 +205,19 @@ func TestScale(t *testing.T) {
 		t.Fatalf("leader pid %d, device pid %d", pid, dev)
 	}
 	t.Logf("leader synced %d remote nodes, %d device peers, in %v", cfg.clusters*cfg.nodes, wantPeers, synced.Round(time.Second))
+	var pinned *pinning
+	if os.Getenv("SCALE_PIN") != "0" {
+		rest := []int{os.Getpid(), follower.PID(), devicePID(follower)}
+		for _, c := range all {
+			a, e := serverPIDs(c)
+			rest = append(append(rest, a...), e...)
+		}
+		if pinned, err = pin([]int{pid, dev}, rest); err != nil {
+			t.Fatalf("pinning the leader to a CPU of its own (SCALE_PIN=0 runs without): %v", err)
+		}
+		t.Cleanup(pinned.undo)
+		t.Logf("pinned: %s", pinned)
+	}
 
 	// Settle (the initial lists' garbage, the first resync), then idle.
 	if err := wait(ctx, 30*time.Second); err != nil {
@@ -231,7 +246,10 @@ func TestScale(t *testing.T) {
 			beats[ci].drive(churnCtx, client, names[ci], cfg.heartbeat, 4)
 		}()
 	}
-	if err := wait(ctx, 10*time.Second); err != nil { // ramp up, not measured
+	// Ramp up, not measured: a heartbeat period and more, so every
+	// remote node has beaten once (nodes that aged out in the idle phase
+	// come back) and the phase measures the steady state.
+	if err := wait(ctx, cfg.heartbeat+10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	sentBefore := sentSum(beats)
@@ -241,7 +259,8 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	beatRate := float64(sentSum(beats)-sentBefore) / hb.took.Seconds()
+	beatsSent := float64(sentSum(beats) - sentBefore)
+	beatRate := beatsSent / hb.took.Seconds()
 	driverShare := share(driver, take(os.Getpid()))
 	apiShare, apiRSS, etcdRSS := servers.done()
 	var changes []change
@@ -275,8 +294,8 @@ func TestScale(t *testing.T) {
 		t.Fatalf("reading the leader's device: %v", err)
 	}
 
-	report(t, "scale: %d remote clusters × %d Nodes (kubelet-sized) in %d locations each, %d API servers; leader l-1 + non-leader l-2",
-		cfg.clusters, cfg.nodes, cfg.locations, len(all))
+	report(t, "scale: %d remote clusters × %d Nodes (kubelet-sized) in %d locations each, %d API servers; leader l-1 + non-leader l-2; %s",
+		cfg.clusters, cfg.nodes, cfg.locations, len(all), pinned)
 	report(t, "leader synced in %v; device peers %d (planned remote peers %d)", synced.Round(time.Second), len(d.Peers), wantPeers)
 	report(t, "idle %v: leader CPU %.3f%% of a core, device process %.3f%%; RSS %.0f MiB (device process %.0f MiB); %.1f GC/min, %.2f MB/s allocated, %.0f reconciles",
 		idle.took.Round(time.Second), idle.cpu, idle.devCPU, idle.rssMax, idle.devRSS, idle.gcPerMin, idle.allocMBs, idle.reconciles)
@@ -286,6 +305,13 @@ func TestScale(t *testing.T) {
 	report(t, "heartbeats + a remote change every %v, %v: leader CPU %.2f%% of a core, device process %.3f%%; RSS max %.0f MiB; %.1f GC/min, %.2f MB/s allocated, %.0f reconciles",
 		cfg.change, withChanges.took.Round(time.Second), withChanges.cpu, withChanges.devCPU, withChanges.rssMax, withChanges.gcPerMin,
 		withChanges.allocMBs, withChanges.reconciles)
+	// Per event: what a phase cost beyond the phase before it (idle, then
+	// heartbeats alone), over its events.
+	perBeat := hb.beyond(idle, beatsSent)
+	perChange := withChanges.beyond(hb, float64(len(changes)))
+	report(t, "per remote heartbeat (%0.f in %v, beyond idle): leader CPU %.1f µs, %.1f mallocs, %.2f kB allocated; per remote change (%d, beyond the heartbeats): leader CPU %.0f µs, %.0f mallocs, %.1f kB allocated",
+		beatsSent, hb.took.Round(time.Second), perBeat.cpuMicros, perBeat.mallocs, perBeat.allocKB,
+		len(changes), perChange.cpuMicros, perChange.mallocs, perChange.allocKB)
 	report(t, "remote changes under the heartbeats: %d injected, %d not seen; API write → device written p50 %v, p99 %v, max %v; meshlet_convergence_seconds (watch event → data plane) p50≈%.3fs p99≈%.3fs",
 		len(changes), missing, percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.99).Round(time.Millisecond),
 		percentile(lat, 1).Round(time.Millisecond), withChanges.convP50, withChanges.convP99)
@@ -318,8 +344,10 @@ func sentSum(bs []*heartbeats) int64 {
 // phase is what the leader used over one measured period.
 type phase struct {
 	took                    time.Duration
-	cpu, devCPU             float64 // % of one core
-	rssMax, devRSS          float64 // MiB
+	cpuTime                 time.Duration // the agent's, all threads
+	mallocsTotal, allocated float64       // over the phase
+	cpu, devCPU             float64       // % of one core
+	rssMax, devRSS          float64       // MiB
 	gcPerMin, allocMBs      float64
 	mallocsPerS, reconciles float64
 	convP50, convP99        float64
@@ -365,6 +393,8 @@ sampling:
 	g1 := readGoStats(m1)
 	p.took = c1.at.Sub(c0.at)
 	p.cpu, p.devCPU = share(c0, c1), share(dv0, dv1)
+	p.cpuTime = c1.cpu - c0.cpu
+	p.mallocsTotal, p.allocated = g1.mallocs-g0.mallocs, g1.allocBytes-g0.allocBytes
 	p.devRSS = rssMiB(dev)
 	p.gcPerMin = (g1.gcCycles - g0.gcCycles) / p.took.Minutes()
 	p.allocMBs = (g1.allocBytes - g0.allocBytes) / 1e6 / p.took.Seconds()
@@ -375,6 +405,25 @@ sampling:
 		p.convP50, p.convP99 = harness.HistogramQuantile(h, 0.5), harness.HistogramQuantile(h, 0.99)
 	}
 	return p, nil
+}
+
+// eventCost is what one event cost the leader's agent.
+type eventCost struct {
+	cpuMicros, mallocs, allocKB float64
+}
+
+// beyond is p's cost over what base's rates would have cost in p's
+// time, per one of events.
+func (p phase) beyond(base phase, events float64) eventCost {
+	if events <= 0 {
+		return eventCost{}
+	}
+	scale := p.took.Seconds() / base.took.Seconds()
+	return eventCost{
+		cpuMicros: (float64(p.cpuTime) - scale*float64(base.cpuTime)) / 1e3 / events,
+		mallocs:   (p.mallocsTotal - scale*base.mallocsTotal) / events,
+		allocKB:   (p.allocated - scale*base.allocated) / 1e3 / events,
+	}
 }
 
 // change is one remote change injected: a remote leader's endpoint.
@@ -401,7 +450,9 @@ func injectChanges(ctx context.Context, t *testing.T, remotes []*harness.Cluster
 		name := nodeName(ci+1, loc)
 		at := time.Now()
 		if err := remotes[ci].PatchNodeAnnotations(ctx, name, map[string]*string{topology.AnnotationClusterMeshEndpoint: &ep}); err != nil {
-			if ctx.Err() == nil {
+			// A patch the phase's end cuts short (ctx done, or its client's
+			// rate limiter refusing to wait past the deadline) is not one.
+			if dl, _ := ctx.Deadline(); ctx.Err() == nil && time.Until(dl) > time.Second {
 				t.Errorf("change %d: %v", i, err)
 			}
 			continue

@@ -441,6 +441,42 @@ func Publish(h Judgement, l *topology.Leadership, leader bool, wireGuardIP, gate
 	return ann, nil
 }
 
+// HealthChange is the earliest moment after now when Judge or Decide
+// decide otherwise on hp by the passing of time alone, where no new
+// observation says so (zero: none): a dead tunnel's or a down gateway's
+// StepAsideAfter running out, a recovered gateway's GatewayRecoverAfter.
+// A tunnel going dead or the gateway going down or answering again is an
+// observation: the probes see it on their round and wake the loop
+// (agent/runtime/health). The loop plans at these moments
+// (planner.NextChange) instead of the probes waking it on every round
+// while something is dead — on a leader with many dead tunnels, a run
+// after every run.
+func HealthChange(hp *topology.Health, now time.Time) time.Time {
+	var next time.Time
+	if hp == nil {
+		return next
+	}
+	later := func(t time.Time) {
+		if t.After(now) {
+			next = topology.Earliest(next, t)
+		}
+	}
+	for _, t := range hp.Peers {
+		if dead := lastAnswer(t).Add(ProbeDeadAfter); !now.Before(dead) {
+			later(dead.Add(StepAsideAfter))
+		}
+	}
+	if g := hp.Gateway; g.Addr.IsValid() && !g.Answered.IsZero() {
+		if down := g.Answered.Add(GatewayDeadAfter); !now.Before(down) {
+			later(down.Add(StepAsideAfter))
+		}
+		if !g.Recovered.IsZero() {
+			later(g.Recovered.Add(GatewayRecoverAfter))
+		}
+	}
+	return next
+}
+
 // CoolDownEnd is the earliest time after now at which a node of the Lease's
 // step-asides stops cooling down (and may lead again); zero when none does.
 // Nothing in the API changes at that moment, so the loop plans then.

@@ -113,13 +113,15 @@ func leaderPath(local topology.Local, leader bool) *topology.LeaderPathProbe {
 // Kilo's ready window (topology.NextReadinessChange), this node's own
 // last-seen due for its refresh (topology.LastSeenRefresh; while a run
 // refreshes it, the refresh after that one), and a step-aside's cool-down
-// ending (failover.CoolDownEnd). The holder of the Lease going silent is
-// not among them: the agent that watches the Lease knows when its view
-// runs out (agent/runtime/leadership).
-func NextChange(snap topology.Snapshot, self string) time.Time {
-	next := topology.Earliest(topology.NextReadinessChange(snap), failover.CoolDownEnd(snap.Lease, snap.Now))
+// ending (failover.CoolDownEnd), and this node's probes judged otherwise
+// (failover.HealthChange). The holder of the Lease going silent is not
+// among them: the agent that watches the Lease knows when its view runs
+// out (agent/runtime/leadership).
+func NextChange(snap topology.Snapshot, self topology.Self) time.Time {
+	next := topology.Earliest(topology.NextReadinessChange(snap), failover.CoolDownEnd(snap.Lease, snap.Now),
+		failover.HealthChange(self.Health, snap.Now))
 	for i := range snap.Nodes {
-		if n := &snap.Nodes[i]; n.Name == self && !n.LastSeen.IsZero() {
+		if n := &snap.Nodes[i]; n.Name == self.Name && !n.LastSeen.IsZero() {
 			due := n.LastSeen.Add(topology.LastSeenRefresh)
 			if !due.After(snap.Now) {
 				due = snap.Now.Add(topology.LastSeenRefresh)

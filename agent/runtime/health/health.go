@@ -251,8 +251,9 @@ func (p *Prober) notify() {
 
 // round reads the device's counters, records answers, and probes the
 // tunnels that sent nothing since the last round. It reports whether a
-// tunnel's state changed or a tunnel is dead (the planner then decides
-// again: its rule has timings of its own).
+// tunnel's state changed; the timings of the rule after that (a dead
+// tunnel's step-aside) are the plan's own moments (planner.NextChange),
+// so a dead tunnel does not wake the loop on every round.
 func (p *Prober) round(ctx context.Context) bool {
 	p.mu.Lock()
 	pr := p.probes
@@ -298,9 +299,6 @@ func (p *Prober) round(ctx context.Context) bool {
 				p.log().Info("tunnel probe", "peer", t.name, "state", state, "previous", t.state)
 			}
 			t.state = state
-			wakeLoop = true
-		}
-		if state == failover.TunnelDead {
 			wakeLoop = true
 		}
 		counts[state]++
@@ -360,13 +358,12 @@ func (p *Prober) gatewayRound(ctx context.Context) {
 	} else if !p.gw.Answered.IsZero() && !p.gwDown && now.Sub(p.gw.Answered) >= failover.GatewayDeadAfter {
 		p.gwDown, changed = true, true
 	}
-	recovering := !p.gw.Recovered.IsZero() && now.Sub(p.gw.Recovered) < failover.GatewayRecoverAfter+p.Interval
 	down := p.gwDown
 	p.mu.Unlock()
 	if changed {
+		// Down and recovering have timings of their own after this:
+		// the plan's moments (failover.HealthChange).
 		p.log().Info("underlay gateway probe", "gateway", gw.String(), "reachable", !down)
-	}
-	if changed || down || recovering {
 		p.notify()
 	}
 }

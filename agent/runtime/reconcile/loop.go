@@ -395,7 +395,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	snap.Settings = l.Settings
 	plan := planner.Compute(snap, self)
 	planned = &plan
-	if next := planner.NextChange(snap, l.Node); next.IsZero() {
+	if next := planner.NextChange(snap, self); next.IsZero() {
 		l.nextChange.Store(0)
 	} else {
 		l.nextChange.Store(next.UnixNano())
