@@ -19,19 +19,44 @@ import (
 // tunnel probes and the underlay gateway probe (agent/runtime/health). It
 // needs CAP_NET_RAW, which the agent has.
 
-// Echo sends one ICMP echo request to dst, from src when src is valid (the
-// raw socket bound to src makes the probe leave from it, so a peer answers
-// through the tunnel), with payload as its data. It returns at once: the
-// answer is not read (where it shows — a WireGuard peer's bytes received —
-// is the caller's business).
-func Echo(ctx context.Context, src, dst netip.Addr, payload string) error {
+// Echo sends one ICMP echo request to each of dsts, from src when src is
+// valid (the raw socket bound to src makes the probe leave from it, so a
+// peer answers through the tunnel), with payload as its data, on one socket
+// per address family. It returns once they are written: the answers are not
+// read (where they show — a WireGuard peer's bytes received — is the
+// caller's business). A destination that fails does not stop the others.
+func Echo(ctx context.Context, src netip.Addr, dsts []netip.Addr, payload string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	c, _, _, err := send(ctx, src, dst, payload)
-	if err != nil {
-		return err
+	socks := map[bool]*icmp.PacketConn{}
+	failed := map[bool]error{}
+	defer func() {
+		for _, c := range socks {
+			c.Close()
+		}
+	}()
+	var errs []error
+	for _, dst := range dsts {
+		six := is6(dst)
+		if err := failed[six]; err != nil {
+			errs = append(errs, fmt.Errorf("probe %s: %w", dst, err))
+			continue
+		}
+		c := socks[six]
+		if c == nil {
+			var err error
+			if c, err = open(ctx, src, dst); err != nil {
+				failed[six] = err
+				errs = append(errs, err)
+				continue
+			}
+			socks[six] = c
+		}
+		if _, _, err := write(ctx, c, dst, payload); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return c.Close()
+	return errors.Join(errs...)
 }
 
 // Ping sends one ICMP echo request to dst and reports whether its reply
@@ -88,42 +113,64 @@ func is6(a netip.Addr) bool { return a.Is6() && !a.Is4In6() }
 // socket is interrupted (its reads and writes fail) when ctx ends; ctx must
 // end (the callers' timeouts) so that its interrupt is released.
 func send(ctx context.Context, src, dst netip.Addr, payload string) (*icmp.PacketConn, int, int, error) {
+	c, err := open(ctx, src, dst)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	id, n, err := write(ctx, c, dst, payload)
+	if err != nil {
+		c.Close()
+		return nil, 0, 0, err
+	}
+	return c, id, n, nil
+}
+
+// open opens a raw ICMP socket of dst's family, bound to src when valid,
+// whose I/O fails once ctx ends.
+func open(ctx context.Context, src, dst netip.Addr) (*icmp.PacketConn, error) {
 	network, listen := "ip4:icmp", "0.0.0.0"
-	var typ icmp.Type = xipv4.ICMPTypeEcho
 	if is6(dst) {
-		network, listen, typ = "ip6:ipv6-icmp", "::", xipv6.ICMPTypeEchoRequest
+		network, listen = "ip6:ipv6-icmp", "::"
 	}
 	if src.IsValid() {
 		if is6(src) != is6(dst) {
-			return nil, 0, 0, fmt.Errorf("probe %s → %s: mixed address families", src, dst)
+			return nil, fmt.Errorf("probe %s → %s: mixed address families", src, dst)
 		}
 		listen = src.Unmap().String()
 	}
 	c, err := icmp.ListenPacket(network, listen)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("probe %s: %w", dst, err)
+		return nil, fmt.Errorf("probe %s: %w", dst, err)
 	}
 	// The context bounds the socket's I/O (no deadline computed here: the
 	// agent's one clock is its reconcile loop's, docs/architecture.md#one-clock).
 	context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	if ctx.Err() != nil {
 		c.Close()
-		return nil, 0, 0, fmt.Errorf("probe %s: %w", dst, ctx.Err())
+		return nil, fmt.Errorf("probe %s: %w", dst, ctx.Err())
+	}
+	return c, nil
+}
+
+// write writes one echo request to dst on c and returns its identifier and
+// sequence number.
+func write(ctx context.Context, c *icmp.PacketConn, dst netip.Addr, payload string) (int, int, error) {
+	var typ icmp.Type = xipv4.ICMPTypeEcho
+	if is6(dst) {
+		typ = xipv6.ICMPTypeEchoRequest
 	}
 	id, n := os.Getpid()&0xffff, int(echoSeq.Add(1)&0xffff)
 	b, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: n, Data: []byte(payload)}}).Marshal(nil)
 	if err != nil {
-		c.Close()
-		return nil, 0, 0, fmt.Errorf("probe %s: %w", dst, err)
+		return 0, 0, fmt.Errorf("probe %s: %w", dst, err)
 	}
 	if _, err := c.WriteTo(b, &net.IPAddr{IP: net.IP(dst.Unmap().AsSlice())}); err != nil {
-		c.Close()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			err = ctx.Err()
 		}
-		return nil, 0, 0, fmt.Errorf("probe %s: %w", dst, err)
+		return 0, 0, fmt.Errorf("probe %s: %w", dst, err)
 	}
-	return c, id, n, nil
+	return id, n, nil
 }
 
 // aLongTimeAgo is a deadline in the past: setting it interrupts blocked I/O.

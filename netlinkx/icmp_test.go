@@ -23,15 +23,19 @@ func TestEchoAndPing(t *testing.T) {
 	if ok, err := Ping(ctx, netip.MustParseAddr("::1"), 2*time.Second, "test"); err != nil || !ok {
 		t.Errorf("Ping(::1) = %v, %v; want an answer", ok, err)
 	}
-	if err := Echo(ctx, lo, lo, "test"); err != nil {
+	lo6 := netip.MustParseAddr("::1")
+	if err := Echo(ctx, lo, []netip.Addr{lo, lo}, "test"); err != nil {
 		t.Errorf("Echo from and to %s: %v", lo, err)
 	}
-	if err := Echo(ctx, netip.MustParseAddr("::1"), lo, "test"); err == nil {
+	if err := Echo(ctx, netip.Addr{}, []netip.Addr{lo, lo6, lo}, "test"); err != nil {
+		t.Errorf("Echo to both families: %v", err)
+	}
+	if err := Echo(ctx, lo6, []netip.Addr{lo, lo6}, "test"); err == nil {
 		t.Error("Echo from an IPv6 source to an IPv4 address: no error")
 	}
 	done, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := Echo(done, netip.Addr{}, lo, "test"); err == nil {
+	if err := Echo(done, netip.Addr{}, []netip.Addr{lo}, "test"); err == nil {
 		t.Error("Echo with an ended context: no error")
 	}
 	if ok, err := Ping(ctx, nowhere, 200*time.Millisecond, "test"); ok {

@@ -357,5 +357,5 @@ func mergeSignals(ctx context.Context, ins ...<-chan struct{}) <-chan struct{} {
 // sessionProbe is wg's session probe: one ICMP echo to a peer's WireGuard
 // IP (docs/kilo-compatibility.md#half-dead).
 func sessionProbe(ctx context.Context, addr netip.Addr) error {
-	return netlinkx.Echo(ctx, netip.Addr{}, addr, "meshlet session probe")
+	return netlinkx.Echo(ctx, netip.Addr{}, []netip.Addr{addr}, "meshlet session probe")
 }

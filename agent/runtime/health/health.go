@@ -8,7 +8,12 @@
 //     through the tunnel, so the answer shows as bytes received on that
 //     WireGuard peer: a tunnel answers when its receive counter grows.
 //     Nothing else is read, so kernel and userspace WireGuard look alike,
-//     and no reply needs to be matched.
+//     and no reply needs to be matched. A tunnel found dead is probed less
+//     and less often, 2, 4, 8, 16 and then every DeadProbeMax seconds:
+//     whether it is dead decides nothing more (failover's rule judges it at
+//     full rate until then), only when it comes back, which its own traffic
+//     shows at once while any other tunnel keeps the counters read. A
+//     round with only dead tunnels, none due, reads nothing.
 //   - the underlay gateway (the default route's): one ICMP echo, and its
 //     reply, so a node cut off from its network is seen as such. A gateway
 //     that never answered is not judged (some drop pings).
@@ -61,6 +66,12 @@ const (
 	LeaderPathTimeout  = time.Second
 )
 
+// DeadProbeMax is the longest time between two probes of a dead tunnel:
+// one that comes back unseen by its own traffic is seen within it (Kilo's
+// resync period). Before, a leader whose remote locations were gone sent
+// each of them an echo a second, and its device tried a handshake for each.
+const DeadProbeMax = 30 * time.Second
+
 // PathMTUInterval is how often a leader sends each live tunnel a full-size
 // echo.
 const PathMTUInterval = 15 * time.Second
@@ -97,9 +108,9 @@ type LeaderPath struct {
 type Prober struct {
 	// Stats reads the WireGuard device's counters.
 	Stats func(ctx context.Context) (wg.DeviceStats, error)
-	// Echo sends one ICMP echo request from src to dst and returns at once
-	// (nil: ICMP through the host's raw socket).
-	Echo func(ctx context.Context, src, dst netip.Addr) error
+	// Echo sends one ICMP echo request from src to each of dsts and
+	// returns at once (nil: ICMP through the host's raw socket).
+	Echo func(ctx context.Context, src netip.Addr, dsts []netip.Addr) error
 	// Ping sends one echo to dst and reports whether it answered within
 	// timeout (nil: ICMP through the host's raw socket).
 	Ping func(ctx context.Context, dst netip.Addr, timeout time.Duration) (bool, error)
@@ -130,6 +141,10 @@ type tunnel struct {
 	rx    int64
 	seen  bool // rx is a reading
 	state string
+	// A dead tunnel's next probe, and the gap after it (zero: probed
+	// every round).
+	next time.Time
+	gap  time.Duration
 	// The full-size probes (PathMTU; MTU 0: none ran).
 	mtu PathMTU
 }
@@ -208,8 +223,8 @@ func (p *Prober) Run(ctx context.Context) {
 		p.Interval = DefaultInterval
 	}
 	if p.Echo == nil {
-		p.Echo = func(ctx context.Context, src, dst netip.Addr) error {
-			return netlinkx.Echo(ctx, src, dst, "meshlet tunnel probe")
+		p.Echo = func(ctx context.Context, src netip.Addr, dsts []netip.Addr) error {
+			return netlinkx.Echo(ctx, src, dsts, "meshlet tunnel probe")
 		}
 	}
 	if p.PingFrom == nil {
@@ -250,16 +265,22 @@ func (p *Prober) notify() {
 }
 
 // round reads the device's counters, records answers, and probes the
-// tunnels that sent nothing since the last round. It reports whether a
-// tunnel's state changed; the timings of the rule after that (a dead
-// tunnel's step-aside) are the plan's own moments (planner.NextChange),
-// so a dead tunnel does not wake the loop on every round.
+// tunnels that sent nothing since the last round (dead ones when due). It
+// reports whether a tunnel's state changed; the timings of the rule after
+// that (a dead tunnel's step-aside) are the plan's own moments
+// (planner.NextChange), so a dead tunnel does not wake the loop on every
+// round.
 func (p *Prober) round(ctx context.Context) bool {
+	now := p.clock().Now()
 	p.mu.Lock()
 	pr := p.probes
 	n := len(p.tunnels)
+	due := false
+	for _, t := range p.tunnels {
+		due = due || t.state != failover.TunnelDead || !now.Before(t.next)
+	}
 	p.mu.Unlock()
-	if n == 0 || !pr.Source.IsValid() {
+	if n == 0 || !pr.Source.IsValid() || !due {
 		return false
 	}
 	st, err := p.Stats(ctx)
@@ -267,7 +288,6 @@ func (p *Prober) round(ctx context.Context) bool {
 		p.log().Debug("health probe: reading the device", "error", err)
 		return false
 	}
-	now := p.clock().Now()
 	rx := make(map[topology.Key]int64, len(st.Peers))
 	for _, s := range st.Peers {
 		rx[topology.Key(s.PublicKey)] = s.ReceiveBytes
@@ -288,12 +308,12 @@ func (p *Prober) round(ctx context.Context) bool {
 		if ok {
 			t.rx, t.seen = got, true
 		}
-		if !t.probe.Answered.Equal(now) {
+		state := failover.TunnelState(t.probe, now)
+		if t.probeNow(state, now, p.Interval) {
 			if a, ok := addrs[k]; ok {
 				send = append(send, a)
 			}
 		}
-		state := failover.TunnelState(t.probe, now)
 		if state != t.state {
 			if t.state != "" {
 				p.log().Info("tunnel probe", "peer", t.name, "state", state, "previous", t.state)
@@ -309,12 +329,28 @@ func (p *Prober) round(ctx context.Context) bool {
 			p.Metrics.Tunnels.WithLabelValues(s).Set(float64(v))
 		}
 	}
-	for _, a := range send {
-		if err := p.Echo(ctx, pr.Source, a); err != nil && ctx.Err() == nil {
-			p.log().Debug("health probe: sending", "to", a.String(), "error", err)
+	if len(send) > 0 {
+		if err := p.Echo(ctx, pr.Source, send); err != nil && ctx.Err() == nil {
+			p.log().Debug("health probe: sending", "error", err)
 		}
 	}
 	return wakeLoop
+}
+
+// probeNow reports whether the tunnel, in state at now, gets an echo this
+// round: not when it answered in this round; every round while it is alive
+// or new; when dead, at gaps doubling from two rounds to DeadProbeMax.
+func (t *tunnel) probeNow(state string, now time.Time, interval time.Duration) bool {
+	if state != failover.TunnelDead {
+		t.next, t.gap = time.Time{}, 0
+		return !t.probe.Answered.Equal(now)
+	}
+	if now.Before(t.next) {
+		return false
+	}
+	t.gap = min(max(2*t.gap, 2*interval), DeadProbeMax)
+	t.next = now.Add(t.gap)
+	return true
 }
 
 // runGateway pings the underlay gateway every Interval.

@@ -18,14 +18,16 @@ import (
 
 // fakeDevice counts bytes received per peer and records the probes sent.
 type fakeDevice struct {
-	mu   sync.Mutex
-	rx   map[topology.Key]int64
-	sent []netip.Addr
+	mu    sync.Mutex
+	rx    map[topology.Key]int64
+	sent  []netip.Addr
+	reads int
 }
 
 func (d *fakeDevice) stats(context.Context) (wg.DeviceStats, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.reads++
 	var st wg.DeviceStats
 	for k, v := range d.rx {
 		st.Peers = append(st.Peers, wg.PeerStats{PublicKey: wgtypes.Key(k), ReceiveBytes: v})
@@ -33,9 +35,9 @@ func (d *fakeDevice) stats(context.Context) (wg.DeviceStats, error) {
 	return st, nil
 }
 
-func (d *fakeDevice) echo(_ context.Context, _, dst netip.Addr) error {
+func (d *fakeDevice) echo(_ context.Context, _ netip.Addr, dsts []netip.Addr) error {
 	d.mu.Lock()
-	d.sent = append(d.sent, dst)
+	d.sent = append(d.sent, dsts...)
 	d.mu.Unlock()
 	return nil
 }
@@ -54,15 +56,28 @@ func (d *fakeDevice) probed() []netip.Addr {
 	return s
 }
 
+// twoTunnels is a prober over a fake device with two peers, a and b, and
+// the plan that probes them (probing plans a alone when only is true).
+func twoTunnels(only bool) (p *Prober, dev *fakeDevice, clk *testingclock.FakeClock, plan func(both bool), ka, kb topology.Key, a, b netip.Addr) {
+	ka, kb = topology.Key{1}, topology.Key{2}
+	a, b = netip.MustParseAddr("10.4.0.2"), netip.MustParseAddr("10.4.0.3")
+	dev = &fakeDevice{rx: map[topology.Key]int64{ka: 0, kb: 0}}
+	clk = testingclock.NewFakeClock(time.Unix(1_800_000_000, 0))
+	p = &Prober{Stats: dev.stats, Echo: dev.echo, Clock: clk, Interval: time.Second}
+	plan = func(both bool) {
+		peers := []topology.ProbeTarget{{Name: "a", PublicKey: ka, Addr: a}}
+		if both {
+			peers = append(peers, topology.ProbeTarget{Name: "b", PublicKey: kb, Addr: b})
+		}
+		p.Follow(topology.Plan{Probes: &topology.Probes{Source: netip.MustParseAddr("10.4.0.1"), Peers: peers}})
+	}
+	plan(!only)
+	return p, dev, clk, plan, ka, kb, a, b
+}
+
 func TestTunnelProbes(t *testing.T) {
-	ka, kb := topology.Key{1}, topology.Key{2}
-	a, b := netip.MustParseAddr("10.4.0.2"), netip.MustParseAddr("10.4.0.3")
-	dev := &fakeDevice{rx: map[topology.Key]int64{ka: 0, kb: 0}}
-	clk := testingclock.NewFakeClock(time.Unix(1_800_000_000, 0))
-	p := &Prober{Stats: dev.stats, Echo: dev.echo, Clock: clk, Interval: time.Second}
+	p, dev, clk, _, ka, kb, a, b := twoTunnels(false)
 	ctx := context.Background()
-	p.Follow(topology.Plan{Probes: &topology.Probes{Source: netip.MustParseAddr("10.4.0.1"),
-		Peers: []topology.ProbeTarget{{Name: "a", PublicKey: ka, Addr: a}, {Name: "b", PublicKey: kb, Addr: b}}}})
 	start := clk.Now()
 	states := func() map[topology.Key]string {
 		out := map[topology.Key]string{}
@@ -83,10 +98,15 @@ func TestTunnelProbes(t *testing.T) {
 		// a answers its probe; b does not.
 		{"a answers", []topology.Key{ka}, []netip.Addr{b}, failover.TunnelAlive, failover.TunnelNew},
 		{"a sends again", []topology.Key{ka}, []netip.Addr{b}, failover.TunnelAlive, failover.TunnelNew},
+		// b turns dead: probed once now, then two rounds later.
 		{"nothing", nil, []netip.Addr{a, b}, failover.TunnelAlive, failover.TunnelDead},
-		{"still nothing", nil, []netip.Addr{a, b}, failover.TunnelAlive, failover.TunnelDead},
+		{"still nothing", nil, []netip.Addr{a}, failover.TunnelAlive, failover.TunnelDead},
 		{"a silent for 3 s", nil, []netip.Addr{a, b}, failover.TunnelDead, failover.TunnelDead},
-		{"b answers again", []topology.Key{kb}, []netip.Addr{a}, failover.TunnelDead, failover.TunnelAlive},
+		// Both dead, neither due: nothing is read, b's traffic waits for
+		// the next read (a's turn), which brings it back.
+		{"b sends, nothing due", []topology.Key{kb}, nil, failover.TunnelDead, failover.TunnelDead},
+		{"a due", nil, []netip.Addr{a}, failover.TunnelDead, failover.TunnelAlive},
+		{"b silent a round", nil, []netip.Addr{b}, failover.TunnelDead, failover.TunnelAlive},
 	}
 	for i, s := range steps {
 		for _, k := range s.answer {
@@ -119,6 +139,54 @@ func TestTunnelProbes(t *testing.T) {
 	p.Follow(topology.Plan{})
 	if h := p.Health(); h != nil {
 		t.Errorf("health without probes: %+v", h)
+	}
+}
+
+// TestDeadTunnelBacksOff: a dead tunnel is probed at gaps doubling from two
+// rounds to DeadProbeMax, and a round with nothing due reads nothing; its
+// traffic, seen in a read another tunnel makes, brings it back at once and
+// to probes every round.
+func TestDeadTunnelBacksOff(t *testing.T) {
+	p, dev, clk, plan, ka, kb, a, b := twoTunnels(true)
+	ctx := context.Background()
+	start := clk.Now()
+	var probedAt []time.Duration
+	reads := 0
+	for i := 0; i <= 120; i++ {
+		p.round(ctx)
+		if len(dev.probed()) > 0 {
+			probedAt = append(probedAt, clk.Now().Sub(start))
+		}
+		clk.Step(time.Second)
+	}
+	reads = dev.reads
+	// New for 3 s (probed every round), dead at 3 s: then 5, 9, 17, 33,
+	// 63, 93.
+	want := []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 5 * time.Second, 9 * time.Second,
+		17 * time.Second, 33 * time.Second, 63 * time.Second, 93 * time.Second}
+	if fmt.Sprint(probedAt) != fmt.Sprint(want) {
+		t.Errorf("dead tunnel probed at %v, want %v", probedAt, want)
+	}
+	if reads != len(want) {
+		t.Errorf("%d device reads in 121 rounds, want one per probing round (%d)", reads, len(want))
+	}
+	// Another tunnel keeps the counters read every round: a's own traffic
+	// is seen in the next round, and a is probed every round again.
+	plan(true)
+	dev.receive(kb)
+	p.round(ctx)
+	dev.probed()
+	dev.receive(ka)
+	dev.receive(kb)
+	clk.Step(time.Second)
+	p.round(ctx)
+	if st := failover.TunnelState(p.tunnels[ka].probe, clk.Now()); st != failover.TunnelAlive {
+		t.Fatalf("a after its traffic: %s", st)
+	}
+	clk.Step(time.Second)
+	p.round(ctx)
+	if got := dev.probed(); fmt.Sprint(got) != fmt.Sprint([]netip.Addr{a, b}) && fmt.Sprint(got) != fmt.Sprint([]netip.Addr{b, a}) {
+		t.Errorf("after a came back, probed %v, want both", got)
 	}
 }
 
