@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,14 +34,18 @@ type soakSample struct {
 	rss, goroutines, fds float64
 }
 
-// Scenario 14: a soak of MESHLET_SOAK (e.g. 30m; skipped when unset).
+// Scenario 14: a soak of MESHLET_SOAK (e.g. 1h; skipped when unset).
 // Random changes, one every 0.5-3 s — local nodes of new locations added and
 // deleted, remote nodes added, deleted and given a new endpoint, local Peers
 // added, updated and deleted — each awaited on the devices it must reach.
-// Every agent's RSS, goroutines and open files are sampled every 30 s and
-// their slopes reported after a warm-up; a leak (growth well past noise)
-// fails the test, as do a change that never converged, an Event storm and
-// a split leadership of location x.
+// Every MESHLET_SOAK_CHAOS (default 4m) one disruption, in turn: the leader
+// of x (a-x1) killed (SIGKILL) and started again, a-x1 restarted gracefully
+// (SIGTERM), cluster-a's API server restarted, cluster-b's (each down 5 s,
+// longer than the Lease). Every agent's RSS, goroutines and open files are
+// sampled every 30 s and their slopes reported after a warm-up (a-x1's since
+// its last start); a leak (growth well past noise) fails the test, as do a
+// change that never converged, an Event storm, a split leadership of
+// location x and a-x2 taking the Lease from a restarting a-x1.
 func TestSoak(t *testing.T) {
 	d := os.Getenv("MESHLET_SOAK")
 	if d == "" {
@@ -48,6 +53,11 @@ func TestSoak(t *testing.T) {
 	}
 	dur, err := time.ParseDuration(d)
 	must(t, err)
+	chaosEvery := 4 * time.Minute
+	if c := os.Getenv("MESHLET_SOAK_CHAOS"); c != "" {
+		chaosEvery, err = time.ParseDuration(c)
+		must(t, err)
+	}
 	env, ctx := newEnv(t)
 	must(t, env.Build(ctx, harness.Small(2, "z", "w")))
 	a, b := env.Cluster("cluster-a"), env.Cluster("cluster-b")
@@ -178,6 +188,37 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
+	// disrupt makes the next disruption in turn and says what it was.
+	var chaos []string
+	agentStart := map[string]time.Time{}
+	disrupt := func() string {
+		at := time.Now()
+		var what string
+		switch len(chaos) % 4 {
+		case 0, 1:
+			sig, how := syscall.SIGKILL, "killed (SIGKILL)"
+			if len(chaos)%4 == 1 {
+				sig, how = syscall.SIGTERM, "restarted (SIGTERM)"
+			}
+			must(t, x1.Stop(sig))
+			must(t, x1.Start(ctx))
+			agentStart[x1.Name] = time.Now()
+			what = fmt.Sprintf("a-x1 %s, ready again after %v", how, time.Since(at).Round(10*time.Millisecond))
+		default:
+			c := a
+			if len(chaos)%4 == 3 {
+				c = b
+			}
+			c.Server.Stop()
+			pace(ctx, 5*time.Second)
+			c.Server.Start()
+			what = fmt.Sprintf("%s's API server restarted (down %v)", c.Name, time.Since(at).Round(100*time.Millisecond))
+		}
+		chaos = append(chaos, what)
+		t.Logf("chaos %d at %s: %s", len(chaos), at.Format("15:04:05"), what)
+		return what
+	}
+
 	samples := map[string][]soakSample{}
 	sample := func() {
 		for _, n := range agents {
@@ -194,7 +235,7 @@ func TestSoak(t *testing.T) {
 	}
 	start := time.Now()
 	sample()
-	lastSample := start
+	lastSample, lastChaos := start, start
 	var lat []time.Duration
 	var failed []string
 	kinds := map[string]int{}
@@ -229,6 +270,10 @@ func TestSoak(t *testing.T) {
 			sample()
 			lastSample = time.Now()
 		}
+		if time.Since(lastChaos) >= chaosEvery && time.Since(start)+chaosEvery/2 < dur {
+			disrupt()
+			lastChaos = time.Now()
+		}
 		pace(ctx, 500*time.Millisecond+time.Duration(rng.Int63n(int64(2500*time.Millisecond))))
 	}
 	sample()
@@ -237,10 +282,15 @@ func TestSoak(t *testing.T) {
 	eventsAfter := soakEvents(t, ctx, a, b)
 
 	// Slopes after a warm-up of a tenth of the soak (caches filled, the
-	// slots populated), per hour.
-	warm := start.Add(dur / 10)
+	// slots populated), per hour; for a restarted agent, from the same
+	// warm-up after its last start.
 	var slopes, leaks []string
 	for _, n := range agents {
+		began := start
+		if at, ok := agentStart[n.Name]; ok {
+			began = at
+		}
+		warm := began.Add(dur / 10)
 		var s []soakSample
 		for _, x := range samples[n.Name] {
 			if !x.at.Before(warm) {
@@ -254,8 +304,8 @@ func TestSoak(t *testing.T) {
 		g := slope(s, func(x soakSample) float64 { return x.goroutines })
 		f := slope(s, func(x soakSample) float64 { return x.fds })
 		first, last := s[0], s[len(s)-1]
-		slopes = append(slopes, fmt.Sprintf("%s RSS %.1f→%.1f MiB (%+.2f MiB/h), goroutines %.0f→%.0f (%+.1f/h), open files %.0f→%.0f (%+.1f/h)",
-			n.Name, first.rss/(1<<20), last.rss/(1<<20), rss, first.goroutines, last.goroutines, g, first.fds, last.fds, f))
+		slopes = append(slopes, fmt.Sprintf("%s (%v of samples) RSS %.1f→%.1f MiB (%+.2f MiB/h), goroutines %.0f→%.0f (%+.1f/h), open files %.0f→%.0f (%+.1f/h)",
+			n.Name, last.at.Sub(first.at).Round(time.Minute), first.rss/(1<<20), last.rss/(1<<20), rss, first.goroutines, last.goroutines, g, first.fds, last.fds, f))
 		// A leak is growth well past what the number of live objects
 		// explains: each kind stays under soakSlots.
 		if grew(s, func(x soakSample) float64 { return x.goroutines }, 1.25, 20) {
@@ -269,6 +319,10 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	evs := eventsAfter.sub(eventsBefore)
+	m2, err := x2.Metrics(ctx)
+	must(t, err)
+	took, _ := m2.Value("meshlet_leader_changes_total")
+	report(t, "%d disruptions every %v: %s; a-x2 took the Lease %v times", len(chaos), chaosEvery, strings.Join(chaos, "; "), took)
 	report(t, "%v of random changes (seed %d): %d changes (%s), %d converged (p50 %v, p99 %v, max %v), %d did not; Events written: %d objects, %d occurrences (%s); %s",
 		dur, seed, len(lat)+len(failed), soakKinds(kinds), len(lat), percentile(lat, 0.5).Round(time.Millisecond),
 		percentile(lat, 0.99).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond), len(failed),
@@ -283,6 +337,9 @@ func TestSoak(t *testing.T) {
 	// No storm: valid changes write no Events; allow one per change.
 	if evs.count > len(lat)+len(failed) {
 		t.Errorf("%d Events for %d changes: %s", evs.count, len(lat)+len(failed), evs.reasons())
+	}
+	if took != 0 {
+		t.Errorf("a-x2 took the Lease %v times: a restarting holder keeps it, and no one takes a Lease it cannot see", took)
 	}
 	must(t, lres.Check())
 }

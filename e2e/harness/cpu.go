@@ -64,8 +64,13 @@ func (n *Node) CPU(ctx context.Context) (agent, others time.Duration, err error)
 // CPUProfile takes a CPU profile of the agent over d from its status socket
 // (pprof's format).
 func (n *Node) CPUProfile(ctx context.Context, d time.Duration) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		fmt.Sprintf("http://status/debug/pprof/profile?seconds=%d", int(d.Seconds())), nil)
+	return n.Profile(ctx, fmt.Sprintf("profile?seconds=%d", int(d.Seconds())), d)
+}
+
+// Profile fetches one of Go's profiles from the agent's status socket:
+// what is a path under /debug/pprof/ (e.g. "allocs"), taking about d.
+func (n *Node) Profile(ctx context.Context, what string, d time.Duration) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://status/debug/pprof/"+what, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -73,12 +78,12 @@ func (n *Node) CPUProfile(ctx context.Context, d time.Duration) ([]byte, error) 
 	hc.Timeout = d + 30*time.Second
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("node %s: CPU profile: %w", n.Name, err)
+		return nil, fmt.Errorf("node %s: profile %s: %w", n.Name, what, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("node %s: CPU profile: %s: %s", n.Name, resp.Status, b)
+		err = fmt.Errorf("node %s: profile %s: %s: %s", n.Name, what, resp.Status, b)
 	}
 	return b, err
 }

@@ -167,24 +167,7 @@ type heartbeats struct {
 
 func (h *heartbeats) drive(ctx context.Context, client kubernetes.Interface, names []string, period time.Duration, workers int) {
 	jobs := make(chan string, workers)
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for name := range jobs {
-				now := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
-				b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{topology.AnnotationLastSeen: now}}})
-				if _, err := client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{}); err != nil {
-					if ctx.Err() == nil {
-						h.failed.Add(1)
-					}
-					continue
-				}
-				h.sent.Add(1)
-			}
-		}()
-	}
+	wg := h.workers(ctx, client, jobs, workers)
 	t := time.NewTicker(period / time.Duration(len(names)))
 	defer t.Stop()
 	for i := 0; ; i++ {
@@ -201,4 +184,41 @@ func (h *heartbeats) drive(ctx context.Context, client kubernetes.Interface, nam
 			h.dropped.Add(1)
 		}
 	}
+}
+
+// sweep beats every node once, as fast as the API server takes it: every
+// remote node heard just now, so none ages out of Kilo's window (judged by
+// when the leader heard its last-seen change) for the next minute.
+func (h *heartbeats) sweep(ctx context.Context, client kubernetes.Interface, names []string, workers int) {
+	jobs := make(chan string)
+	wg := h.workers(ctx, client, jobs, workers)
+	for _, n := range names {
+		jobs <- n
+	}
+	close(jobs)
+	wg.Wait()
+}
+
+// workers start n goroutines that beat the nodes named on jobs until it
+// is closed.
+func (h *heartbeats) workers(ctx context.Context, client kubernetes.Interface, jobs <-chan string, n int) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range jobs {
+				now := strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)
+				b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{topology.AnnotationLastSeen: now}}})
+				if _, err := client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{}); err != nil {
+					if ctx.Err() == nil {
+						h.failed.Add(1)
+					}
+					continue
+				}
+				h.sent.Add(1)
+			}
+		}()
+	}
+	return &wg
 }

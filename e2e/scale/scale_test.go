@@ -13,11 +13,17 @@
 // SCALE_CLUSTERS [10] remote clusters of SCALE_NODES [1000] Nodes in
 // SCALE_LOCATIONS [100] locations each (one remote leader, so one device
 // peer, per location), a heartbeat per node every SCALE_HEARTBEAT [30s].
-// Phases: idle (no API activity) for SCALE_IDLE [60s]; heartbeats alone
+// Phases: idle (no API activity, after every remote node was beaten once)
+// for SCALE_IDLE [40s; at most what Kilo's 60 s window leaves after that
+// sweep]; heartbeats alone
 // for SCALE_CHURN [120s]; heartbeats and a remote change every
 // SCALE_CHANGE [2s] for SCALE_CHURN again. With SCALE_PIN [1] the leader
 // and its device run alone on the last CPU, everything else on the others
-// (cgroup v1 cpusets; SCALE_PIN=0: unpinned). Every remote cluster has its
+// (cgroup v1 cpusets; SCALE_PIN=0: unpinned). With SCALE_PROFILE=dir the
+// leader's CPU profile of each phase is saved there (<phase>.cpu.pprof) with
+// its allocation profiles at the phase's start and end (<phase>.allocs-0 and
+// -1.pprof: `go tool pprof -sample_index=alloc_objects -base ...-0.pprof
+// ...-1.pprof` is the phase's allocations). Every remote cluster has its
 // own API server and etcd: Nodes are cluster-scoped, so clusters cannot
 // share one.
 package scale
@@ -30,6 +36,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,7 +98,7 @@ func TestScale(t *testing.T) {
 	cfg := config{
 		clusters: envInt(t, "SCALE_CLUSTERS", 10), nodes: envInt(t, "SCALE_NODES", 1000),
 		locations: envInt(t, "SCALE_LOCATIONS", 100), heartbeat: envDuration(t, "SCALE_HEARTBEAT", 30*time.Second),
-		idle: envDuration(t, "SCALE_IDLE", 60*time.Second), churn: envDuration(t, "SCALE_CHURN", 120*time.Second),
+		idle: envDuration(t, "SCALE_IDLE", 40*time.Second), churn: envDuration(t, "SCALE_CHURN", 120*time.Second),
 		change: envDuration(t, "SCALE_CHANGE", 2*time.Second),
 	}
 	cfg.locations = min(cfg.locations, cfg.nodes)
@@ -219,13 +226,48 @@ func TestScale(t *testing.T) {
 		t.Logf("pinned: %s", pinned)
 	}
 
-	// Settle (the initial lists' garbage, the first resync), then idle.
+	// Settle (the initial lists' garbage, the first resync), then idle:
+	// every remote node beaten once, so none ages out of Kilo's window
+	// (judged by when the leader heard its last-seen change) while the
+	// phase lasts — at most what is left of a minute after the sweep.
 	if err := wait(ctx, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	idle, err := measure(ctx, leader, dev, cfg.idle, nil)
+	clients := make([]kubernetes.Interface, len(remotes))
+	for ci, rc := range remotes {
+		if clients[ci], err = kubernetes.NewForConfig(rc.RestConfig()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start = time.Now()
+	swept := &heartbeats{}
+	for ci := range remotes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			swept.sweep(ctx, clients[ci], names[ci], 8)
+		}()
+	}
+	wg.Wait()
+	sweepTook := time.Since(start)
+	idleFor := cfg.idle
+	if left := topology.ReadyWindow - 5*time.Second - sweepTook; idleFor > left {
+		idleFor = left
+	}
+	if idleFor < 10*time.Second {
+		t.Fatalf("the sweep of every remote node took %v: no idle phase fits in Kilo's window", sweepTook)
+	}
+	before, err := leader.Device()
+	if err != nil || before == nil {
+		t.Fatalf("reading the leader's device: %v", err)
+	}
+	idle, err := measure(ctx, t, "idle", leader, dev, idleFor, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	after, err := leader.Device()
+	if err != nil || after == nil {
+		t.Fatalf("reading the leader's device: %v", err)
 	}
 
 	// Heartbeats from every remote node at the configured rate: the
@@ -234,16 +276,12 @@ func TestScale(t *testing.T) {
 	churnCtx, stopChurn := context.WithCancel(ctx)
 	beats := make([]*heartbeats, len(remotes))
 	var beating sync.WaitGroup
-	for ci, rc := range remotes {
+	for ci := range remotes {
 		beats[ci] = &heartbeats{}
-		client, err := kubernetes.NewForConfig(rc.RestConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
 		beating.Add(1)
 		go func() {
 			defer beating.Done()
-			beats[ci].drive(churnCtx, client, names[ci], cfg.heartbeat, 4)
+			beats[ci].drive(churnCtx, clients[ci], names[ci], cfg.heartbeat, 4)
 		}()
 	}
 	// Ramp up, not measured: a heartbeat period and more, so every
@@ -255,7 +293,7 @@ func TestScale(t *testing.T) {
 	sentBefore := sentSum(beats)
 	servers := serverSamples(remotes)
 	driver := take(os.Getpid())
-	hb, err := measure(ctx, leader, dev, cfg.churn, nil)
+	hb, err := measure(ctx, t, "heartbeats", leader, dev, cfg.churn, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +302,7 @@ func TestScale(t *testing.T) {
 	driverShare := share(driver, take(os.Getpid()))
 	apiShare, apiRSS, etcdRSS := servers.done()
 	var changes []change
-	withChanges, err := measure(ctx, leader, dev, cfg.churn, func(ctx context.Context) {
+	withChanges, err := measure(ctx, t, "changes", leader, dev, cfg.churn, func(ctx context.Context) {
 		changes = injectChanges(ctx, t, remotes, cfg)
 	})
 	if err != nil {
@@ -297,8 +335,9 @@ func TestScale(t *testing.T) {
 	report(t, "scale: %d remote clusters × %d Nodes (kubelet-sized) in %d locations each, %d API servers; leader l-1 + non-leader l-2; %s",
 		cfg.clusters, cfg.nodes, cfg.locations, len(all), pinned)
 	report(t, "leader synced in %v; device peers %d (planned remote peers %d)", synced.Round(time.Second), len(d.Peers), wantPeers)
-	report(t, "idle %v: leader CPU %.3f%% of a core, device process %.3f%%; RSS %.0f MiB (device process %.0f MiB); %.1f GC/min, %.2f MB/s allocated, %.0f reconciles",
-		idle.took.Round(time.Second), idle.cpu, idle.devCPU, idle.rssMax, idle.devRSS, idle.gcPerMin, idle.allocMBs, idle.reconciles)
+	report(t, "idle %v (after every remote node beaten once in %v: %d beats, %d failed): leader CPU %.3f%% of a core, device process %.3f%%; RSS %.0f MiB (device process %.0f MiB); %.1f GC/min, %.2f MB/s allocated, %.0f reconciles; device peers %d → %d",
+		idle.took.Round(time.Second), sweepTook.Round(100*time.Millisecond), swept.sent.Load(), swept.failed.Load(), idle.cpu, idle.devCPU, idle.rssMax, idle.devRSS,
+		idle.gcPerMin, idle.allocMBs, idle.reconciles, len(before.Peers), len(after.Peers))
 	report(t, "heartbeats %v: %.0f/s reached (target %.0f/s; %d dropped by the driver, %d failed over the run); leader CPU %.2f%% of a core, device process %.3f%%; RSS max %.0f MiB; %.1f GC/min, %.2f MB/s allocated, %.0f mallocs/s, %.0f reconciles",
 		hb.took.Round(time.Second), beatRate, float64(cfg.clusters*cfg.nodes)/cfg.heartbeat.Seconds(), dropped, failed,
 		hb.cpu, hb.devCPU, hb.rssMax, hb.gcPerMin, hb.allocMBs, hb.mallocsPerS, hb.reconciles)
@@ -354,10 +393,12 @@ type phase struct {
 }
 
 // measure samples the leader (and its device process) over d while during
-// runs (nil: idle).
-func measure(ctx context.Context, leader *harness.Node, dev int, d time.Duration, during func(ctx context.Context)) (phase, error) {
+// runs (nil: idle), and profiles it under SCALE_PROFILE.
+func measure(ctx context.Context, t *testing.T, name string, leader *harness.Node, dev int, d time.Duration, during func(ctx context.Context)) (phase, error) {
 	var p phase
 	pid := leader.PID()
+	prof := profiler(ctx, t, leader, name, d)
+	defer prof()
 	m0, err := leader.Metrics(ctx)
 	if err != nil {
 		return p, err
@@ -405,6 +446,38 @@ sampling:
 		p.convP50, p.convP99 = harness.HistogramQuantile(h, 0.5), harness.HistogramQuantile(h, 0.99)
 	}
 	return p, nil
+}
+
+// profiler saves, under SCALE_PROFILE, the leader's allocations now and
+// its CPU profile over d; the function it returns waits for the CPU profile
+// and saves the allocations again.
+func profiler(ctx context.Context, t *testing.T, leader *harness.Node, name string, d time.Duration) func() {
+	dir := os.Getenv("SCALE_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	save := func(file, what string, d time.Duration) {
+		b, err := leader.Profile(ctx, what, d)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, file), b, 0o644)
+		}
+		if err != nil {
+			t.Errorf("profile %s: %v", file, err)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	save(name+".allocs-0.pprof", "allocs", 0)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		save(name+".cpu.pprof", fmt.Sprintf("profile?seconds=%d", int(d.Seconds())), d)
+	}()
+	return func() {
+		<-done
+		save(name+".allocs-1.pprof", "allocs", 0)
+	}
 }
 
 // eventCost is what one event cost the leader's agent.
