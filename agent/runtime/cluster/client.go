@@ -53,9 +53,11 @@ func KiloClient(cfg *rest.Config) (rest.Interface, error) {
 	return rc, nil
 }
 
-// watchClient is a clientset for the informers of core objects other than
-// Nodes (nodecodec.go), in protobuf: cheaper to decode than JSON.
-func watchClient(cfg *rest.Config) (kubernetes.Interface, error) {
+// WatchClient is a clientset for the informers of core objects other than
+// Nodes (nodecodec.go) and what they write, in protobuf: cheaper to encode
+// and decode than JSON (a location's Lease, renewed every second, is read
+// by every node of the location).
+func WatchClient(cfg *rest.Config) (kubernetes.Interface, error) {
 	c := rest.CopyConfig(cfg)
 	c.ContentType = runtime.ContentTypeProtobuf
 	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON

@@ -73,7 +73,7 @@ type secretWatch struct {
 
 // NewSecretWatch watches Secrets of namespace through cfg (protobuf).
 func NewSecretWatch(cfg *rest.Config, namespace string, notify func(time.Time), log *slog.Logger) (*SecretWatch, error) {
-	c, err := watchClient(cfg)
+	c, err := WatchClient(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -124,6 +124,9 @@ type Agent struct {
 	prober  *health.Prober
 	events  record.EventBroadcaster
 	client  kubernetes.Interface
+	// leases is client in protobuf, for the location's Lease (a renewal
+	// a second, read by every node of the location).
+	leases kubernetes.Interface
 	// leaving is why this node goes away, once the agent stopping found
 	// it so (leavingSelf hands it to the planner).
 	leaving atomic.Pointer[string]
@@ -150,6 +153,10 @@ func New(o Options) (*Agent, error) {
 		o.Clock = clock.RealClock{}
 	}
 	client, err := kubernetes.NewForConfig(o.RestConfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	leases, err := cluster.WatchClient(o.RestConfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
@@ -217,7 +224,7 @@ func New(o Options) (*Agent, error) {
 		o.Registry.MustRegister(kiloMetrics)
 		loop.Rejections = plans{loop.Rejections, kiloMetrics}
 	}
-	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, secrets: secrets, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client}
+	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, secrets: secrets, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client, leases: leases}
 	a.failover(recorder)
 	return a, nil
 }
@@ -254,7 +261,7 @@ func (a *Agent) failover(recorder record.EventRecorder) {
 	lm := metrics.NewLeadership(o.Registry)
 	var follow followers
 	if o.Config.LeaderElection {
-		a.elector = &leadership.Elector{Client: a.client, Namespace: o.Config.Namespace, Identity: o.Node,
+		a.elector = &leadership.Elector{Client: a.leases, Namespace: o.Config.Namespace, Identity: o.Node,
 			Duration: o.Config.LeaseDuration, Renew: o.Config.LeaseRenew, Annotations: a.Local.NodeAnnotations,
 			NodeUID:  func(n string) (types.UID, bool) { return a.Local.UID("Node", "", n) },
 			Recorder: recorder, Metrics: lm, Notify: loop.Notify, Log: o.Log, Clock: o.Clock}
