@@ -26,12 +26,17 @@ type WatchOptions struct {
 	Backstop time.Duration
 	// Sessions enables the half-dead session rule for peers with a
 	// SessionProbe: while there are any, their counters are read every
-	// SessionInterval (default 100 ms), every FastInterval (default 50 ms)
-	// while one has traffic going unanswered, so a half-dead session is
-	// settled within a second. Probe sends the probe (ICMP echo).
+	// SessionInterval (default 100 ms) after a read that saw one of them
+	// carry traffic, every FastInterval (default 50 ms) while one has
+	// traffic going unanswered, so a half-dead session is settled within a
+	// second, and every QuietInterval (default 1 s) after a read that saw
+	// them all quiet: a quiet session has nothing to detect, and its first
+	// packet into a half-dead session is seen within that. Probe sends the
+	// probe (ICMP echo).
 	Sessions        bool
 	SessionInterval time.Duration
 	FastInterval    time.Duration
+	QuietInterval   time.Duration
 	Policy          SessionPolicy
 	Probe           func(ctx context.Context, addr netip.Addr) error
 	// OnRepair is called for every session re-established (metrics).
@@ -57,6 +62,10 @@ func (o WatchOptions) withDefaults() WatchOptions {
 	if o.FastInterval <= 0 || o.FastInterval > o.SessionInterval {
 		o.FastInterval = o.SessionInterval
 	}
+	if o.QuietInterval <= 0 {
+		o.QuietInterval = time.Second
+	}
+	o.QuietInterval = max(o.QuietInterval, o.SessionInterval)
 	if o.Policy == (SessionPolicy{}) {
 		o.Policy = DefaultSessionPolicy
 	}
@@ -78,9 +87,9 @@ func (o WatchOptions) withDefaults() WatchOptions {
 //     Interval or, on a large device, as often as ReadShare allows: a
 //     removed peer is back within that period
 //     (docs/performance.md#drift-how-it-is-found-and-its-bound);
-//   - every SessionInterval while peers with a SessionProbe are applied,
-//     for the half-dead session rule (session.go), which the same read
-//     serves.
+//   - every SessionInterval while peers with a SessionProbe are applied
+//     and carry traffic (every QuietInterval while they are quiet), for the
+//     half-dead session rule (session.go), which the same read serves.
 func (m *Manager) Watch(ctx context.Context, o WatchOptions) <-chan struct{} {
 	o = o.withDefaults()
 	out := make(chan struct{}, 1)
@@ -167,9 +176,12 @@ func (m *Manager) readInterval(fed bool, cost time.Duration, sw *sessionWatch, o
 		d = min(max(o.Interval, time.Duration(float64(cost)/o.ReadShare)), o.Backstop)
 	}
 	if o.Sessions && m.watchesSessions() {
-		s := o.SessionInterval
-		if sw.pending() {
+		s := o.QuietInterval
+		switch {
+		case sw.pending():
 			s = o.FastInterval
+		case sw.active:
+			s = o.SessionInterval
 		}
 		d = min(d, s)
 	}

@@ -279,7 +279,8 @@ func TestWatchWithoutFeed(t *testing.T) {
 }
 
 // TestWatchSessionReads: counters are read every SessionInterval only while
-// a peer with a SessionProbe is applied.
+// a peer with a SessionProbe is applied and carries traffic, every
+// QuietInterval while it is quiet.
 func TestWatchSessionReads(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -311,11 +312,53 @@ func TestWatchSessionReads(t *testing.T) {
 	if _, err := m.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
+	kg := plan.Peers[1].PublicKey
+	send := func() {
+		fc.edit(func(d *wgtypes.Device) {
+			for i := range d.Peers {
+				if d.Peers[i].PublicKey == kg {
+					d.Peers[i].TransmitBytes += 100
+					d.Peers[i].ReceiveBytes += 100
+				}
+			}
+		})
+	}
+	// Seen first, then carrying traffic: read every 100 ms.
 	for i := range 4 {
+		send()
 		eventually(t, "the watch waiting", clk.HasWaiters)
 		clk.Step(100 * time.Millisecond)
 		eventually(t, "a counter read", func() bool { return fc.readCount() == reads+i+1 })
 	}
+	// Quiet: one more read 100 ms after the last traffic, then one a second.
+	reads = fc.readCount()
+	eventually(t, "the watch waiting", clk.HasWaiters)
+	clk.Step(100 * time.Millisecond)
+	eventually(t, "the read that finds it quiet", func() bool { return fc.readCount() == reads+1 })
+	for i := range 2 {
+		noReadsFor := func() {
+			for range 3 {
+				eventually(t, "the watch waiting", clk.HasWaiters)
+				clk.Step(300 * time.Millisecond)
+			}
+		}
+		noReadsFor()
+		if got := fc.readCount(); got != reads+1+i {
+			t.Fatalf("quiet: %d reads in 0.9 s, want none", got-reads-1-i)
+		}
+		eventually(t, "the watch waiting", clk.HasWaiters)
+		clk.Step(100 * time.Millisecond)
+		eventually(t, "the quiet read", func() bool { return fc.readCount() == reads+2+i })
+	}
+	// Traffic again: fast reads again after the next quiet read sees it.
+	send()
+	eventually(t, "the watch waiting", clk.HasWaiters)
+	clk.Step(time.Second)
+	eventually(t, "the read that sees traffic", func() bool { return fc.readCount() == reads+4 })
+	send()
+	eventually(t, "the watch waiting", clk.HasWaiters)
+	clk.Step(100 * time.Millisecond)
+	eventually(t, "a fast read", func() bool { return fc.readCount() == reads+5 })
 	plan.Peers[1].SessionProbe = netip.Addr{}
 	if _, err := m.Apply(ctx, plan); err != nil {
 		t.Fatal(err)

@@ -155,6 +155,10 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 type sessionWatch struct {
 	policy SessionPolicy
 	peers  map[wgtypes.Key]sessionState
+	// active: the last tick saw a watched peer send or receive since the
+	// tick before, or saw it first (the monitor reads fast then, slowly
+	// while all are quiet).
+	active bool
 }
 
 // watched is one peer to assess in a tick.
@@ -168,8 +172,11 @@ type watched struct {
 // handshake. Peers no longer watched are forgotten.
 func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair, retry []wgtypes.Key) {
 	next := make(map[wgtypes.Key]sessionState, len(samples))
+	w.active = false
 	for _, s := range samples {
-		st, act := assessSession(w.peers[s.key], s.sample, now, w.policy)
+		prev := w.peers[s.key]
+		w.active = w.active || !prev.seen || s.sample.tx != prev.last.tx || s.sample.rx != prev.last.rx
+		st, act := assessSession(prev, s.sample, now, w.policy)
 		next[s.key] = st
 		switch act {
 		case sessionProbe:
