@@ -41,6 +41,21 @@ func withNode(ns []topology.Node, name string, f func(*topology.Node)) []topolog
 	return ns
 }
 
+// planAt is the plan of node self (a meshlet node) of nodes, with the
+// Lease as read and its probes' health.
+func planAt(nodes []topology.Node, self string, lease *topology.LeaseState, health *topology.Health) topology.Plan {
+	var n topology.Node
+	for _, m := range nodes {
+		if m.Name == self {
+			n = m
+		}
+	}
+	s := selfOf(n, "eth0")
+	s.Version = "v1"
+	s.Health = health
+	return Compute(topology.Snapshot{Now: now, Nodes: nodes, Lease: lease}, s)
+}
+
 // held is a Lease held by holder, renewed age ago.
 func held(holder string, age time.Duration) *topology.LeaseState {
 	return &topology.LeaseState{Name: "meshlet-leader-x", Exists: true, Holder: holder, Duration: 3 * time.Second, Fresh: now.Add(-age)}
@@ -227,17 +242,7 @@ func TestLeadership(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			nodes := c.nodes()
-			var self topology.Node
-			for _, n := range nodes {
-				if n.Name == c.self {
-					self = n
-				}
-			}
-			s := selfOf(self, "eth0")
-			s.Version = "v1"
-			s.Health = c.health
-			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Lease: c.lease}, s)
+			pl := planAt(c.nodes(), c.self, c.lease, c.health)
 			l := pl.Leadership
 			if l == nil {
 				t.Fatal("no leadership in the plan")
@@ -252,6 +257,37 @@ func TestLeadership(t *testing.T) {
 				hold: l.Hold, claim: l.Claim, release: l.Release, stepAside: l.StepAside, degr: l.Degraded, unmark: l.Unmark, candidates: l.Candidates}
 			if !reflect.DeepEqual(got, c.want) {
 				t.Errorf("got  %+v\nwant %+v\n(why: %s)", got, c.want, l.Why)
+			}
+		})
+	}
+}
+
+// TestLeaderMarkPublished: the Lease's holder publishes meshlet's leader
+// mark with its annotations (the Publisher, the one writer of the Node,
+// writes it); a location with a user's leader annotation is Kilo's rule
+// alone, and gets no mark.
+func TestLeaderMarkPublished(t *testing.T) {
+	cases := []struct {
+		name  string
+		self  string
+		nodes func() []topology.Node
+		lease *topology.LeaseState
+		want  string // the leader annotation in the plan's ("" = none)
+	}{
+		{name: "the holder, not yet marked", self: "x-2", nodes: failoverSite, lease: held("x-2", 0), want: topology.LeaderLeaseValue},
+		{name: "the holder, marked", self: "x-2", nodes: func() []topology.Node { ns := failoverSite(); mark(ns, "x-2"); return ns },
+			lease: held("x-2", 0), want: topology.LeaderLeaseValue},
+		{name: "a user's leader annotation in the location", self: "x-2", nodes: func() []topology.Node {
+			return withNode(failoverSite(), "x-2", func(n *topology.Node) { n.Leader = true })
+		}, lease: held("x-2", 0)},
+		{name: "not the holder", self: "x-1", nodes: func() []topology.Node { ns := failoverSite(); mark(ns, "x-1"); return ns }, lease: held("x-2", 0)},
+		{name: "no Lease: Kilo's rule alone", self: "x-1", nodes: failoverSite},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pl := planAt(c.nodes(), c.self, c.lease, nil)
+			if got := pl.Annotations[topology.AnnotationLeader]; got != c.want {
+				t.Errorf("leader annotation %q, want %q", got, c.want)
 			}
 		})
 	}

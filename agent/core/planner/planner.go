@@ -73,6 +73,12 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 	// What this node publishes: Kilo's annotations, its health, the
 	// endpoints it learned.
 	pl.Annotations = topology.Annotations(self, host, set, snap.Now, pl.WireGuardIP, pl.Leader)
+	if l := pl.Leadership; l != nil && l.Claim {
+		// The Lease's holder carries meshlet's leader mark, which kg and
+		// kgctl follow (docs/failover.md#marks); a location with a user's
+		// leader annotation has no Lease to claim (failover.Governance).
+		pl.Annotations[topology.AnnotationLeader] = topology.LeaderLeaseValue
+	}
 	if set.HealthProbes {
 		ann, probes := failover.Publish(judged, pl.Leadership, pl.Leader, pl.WireGuardIP.Addr(), self.DefaultGateway, targets)
 		for k, v := range ann {

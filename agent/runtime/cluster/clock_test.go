@@ -39,16 +39,8 @@ func TestRemoteLivenessOnOneClock(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	local := apiserver.Start(t, apiserver.Options{})
-	remote := apiserver.Start(t, apiserver.Options{})
-	for _, f := range []string{"manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/crds/clustermeshes.kilo.squat.ai.yaml"} {
-		if _, err := apiserver.ApplyFile(ctx, local.AdminConfig(), repoFile(f), apiserver.ApplyOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := apiserver.ApplyFile(ctx, remote.AdminConfig(), repoFile("manifests/crds/peers.kilo.squat.ai.yaml"), apiserver.ApplyOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	local := startAPI(ctx, t, "manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/crds/clustermeshes.kilo.squat.ai.yaml")
+	remote := startAPI(ctx, t, "manifests/crds/peers.kilo.squat.ai.yaml")
 	mesh := []byte(`
 apiVersion: kilo.squat.ai/v1alpha1
 kind: ClusterMesh
@@ -215,6 +207,19 @@ spec:
 	// WireGuard IP: heard on the same clock, it is a peer at once.
 	refresh("b-2", topology.AnnotationWireGuardIP, "10.2.255.1/24")
 	until("b-2 leading location z", func(p topology.Plan) bool { return remoteLeader(p) == "b-2" })
+}
+
+// startAPI starts a kube-apiserver with the repository's manifests files
+// applied.
+func startAPI(ctx context.Context, t *testing.T, files ...string) *apiserver.Server {
+	t.Helper()
+	srv := apiserver.Start(t, apiserver.Options{})
+	for _, f := range files {
+		if _, err := apiserver.ApplyFile(ctx, srv.AdminConfig(), repoFile(f), apiserver.ApplyOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv
 }
 
 func repoFile(rel string) string {

@@ -3,11 +3,14 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,8 +46,10 @@ func (s *Source) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
 	return snap, st.Mesh.Kubeconfigs
 }
 
-// Publisher writes this node's Kilo annotations with a merge patch of the
-// values that differ. last-seen alone is refreshed only when it is older
+// Publisher is the one writer of Node objects while the agent runs: it
+// writes this node's annotations (Kilo's, meshlet's marks, the leader mark
+// of the Lease's holder) with a merge patch of the values that differ, and
+// removes meshlet's leader mark from the nodes the plan names (Unmark). last-seen alone is refreshed only when it is older
 // than LastSeenRefresh, so a quiet cluster sees one patch per node every ~30 s,
 // as with kg.
 type Publisher struct {
@@ -78,6 +83,45 @@ func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, 
 		return false, fmt.Errorf("patching node %s: %w", p.Node, err)
 	}
 	return true, nil
+}
+
+// Unmark removes meshlet's leader mark from the nodes the plan names (a
+// new holder clears the old one's; a location back under Kilo's rule
+// clears its own). The JSON patch tests the value first, so a user's
+// leader annotation (any other value) is never removed, even one written
+// since this node last saw it (docs/failover.md#marks). It reports the
+// marks removed.
+func (p *Publisher) Unmark(ctx context.Context, nodes []string) (int, error) {
+	path := "/metadata/annotations/" + jsonPointer(topology.AnnotationLeader)
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": path, "value": topology.LeaderLeaseValue},
+		{"op": "remove", "path": path},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("encoding the leader mark's removal: %w", err)
+	}
+	var errs []error
+	removed := 0
+	for _, n := range nodes {
+		if a, ok := p.Local.NodeAnnotations(n); ok && a[topology.AnnotationLeader] != topology.LeaderLeaseValue {
+			continue
+		}
+		_, err := p.Client.CoreV1().Nodes().Patch(ctx, n, types.JSONPatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil:
+			removed++
+		case apierrors.IsNotFound(err), apierrors.IsInvalid(err):
+			// Gone, or the value is no longer meshlet's (a user's now).
+		default:
+			errs = append(errs, fmt.Errorf("removing the leader mark of node %s: %w", n, err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// jsonPointer escapes a key for a JSON patch path (RFC 6901).
+func jsonPointer(s string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
 }
 
 // AnnotationDiff returns the annotations to patch: every value that

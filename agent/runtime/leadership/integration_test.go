@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -24,7 +23,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -107,14 +105,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	dead := map[string]bool{}
 	for _, n := range []string{"x-1", "x-2", "x-3"} {
 		cctx, ccancel := context.WithCancel(ctx)
-		e := &Elector{Client: agentFor(n), Namespace: "kilo-system", Identity: n, Log: log.With("node", n),
-			Annotations: func(node string) (map[string]string, bool) {
-				o, err := admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-				if err != nil {
-					return nil, false
-				}
-				return o.Annotations, true
-			}}
+		e := &Elector{Client: agentFor(n), Namespace: "kilo-system", Identity: n, Log: log.With("node", n)}
 		e.Start(cctx)
 		cands[n] = &cand{e, ccancel}
 	}
@@ -166,24 +157,16 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	if h, _ := get(); h != "x-1" {
 		t.Fatalf("holder %q after renewals, want x-1", h)
 	}
-	a, _ := admin.CoreV1().Nodes().Get(ctx, "x-1", metav1.GetOptions{})
-	if a.Annotations[topology.AnnotationLeader] != topology.LeaderLeaseValue {
-		t.Errorf("x-1 annotations %v: want meshlet's leader mark", a.Annotations)
-	}
 
 	// 2. x-1 dies (no release): once it stopped renewing, x-2 — first now —
-	// takes it and removes x-1's mark.
+	// takes it.
 	mu.Lock()
 	dead["x-1"] = true
 	mu.Unlock()
 	cands["x-1"].cancel()
 	follow("x-2", topology.Leadership{Candidate: true})
 	poll(t, ctx, "x-2 holding", func() bool { h, _ := get(); return h == "x-2" })
-	follow("x-2", topology.Leadership{Candidate: true, Hold: true, Claim: true, Unmark: []string{"x-1"}})
-	a, _ = admin.CoreV1().Nodes().Get(ctx, "x-1", metav1.GetOptions{})
-	if _, ok := a.Annotations[topology.AnnotationLeader]; ok {
-		t.Errorf("x-1 still marked: %v", a.Annotations)
-	}
+	follow("x-2", topology.Leadership{Candidate: true, Hold: true, Claim: true})
 
 	// 3. x-2 steps aside: it releases at once, recording why; x-3 takes it.
 	follow("x-2", topology.Leadership{StepAside: failover.ReasonWireGuardDegraded, Release: failover.ReasonWireGuardDegraded})
@@ -198,21 +181,8 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 		t.Errorf("x-3's view %+v", st)
 	}
 
-	// 4. Marks: a user's leader annotation is never removed, meshlet's is.
-	user := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, topology.AnnotationLeader)
-	if _, err := admin.CoreV1().Nodes().Patch(ctx, "x-1", types.MergePatchType, []byte(user), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	follow("x-3", topology.Leadership{Candidate: true, Hold: true, Claim: true, Unmark: []string{"x-1", "x-2"}})
-	a, _ = admin.CoreV1().Nodes().Get(ctx, "x-1", metav1.GetOptions{})
-	if a.Annotations[topology.AnnotationLeader] != "true" {
-		t.Errorf("the user's leader annotation on x-1 was touched: %v", a.Annotations)
-	}
-	a, _ = admin.CoreV1().Nodes().Get(ctx, "x-3", metav1.GetOptions{})
-	if a.Annotations[topology.AnnotationLeader] != topology.LeaderLeaseValue {
-		t.Errorf("x-3 not marked: %v", a.Annotations)
-	}
-	// 5. x-3 dies while x-2's writes go unanswered (an API server
+	follow("x-3", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	// 4. x-3 dies while x-2's writes go unanswered (an API server
 	// restarting): x-2 finds x-3 expired, fails to take the Lease, reads
 	// it again once the API answers and then takes it.
 	failWrites.Store("x-2", true)
@@ -228,7 +198,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	failWrites.Store("x-2", false)
 	poll(t, ctx, "x-2 holding after the API answers again", func() bool { h, _ := get(); return h == "x-2" })
 
-	// 6. x-2's agent stops for a restart (docs/failover.md#restart): its
+	// 5. x-2's agent stops for a restart (docs/failover.md#restart): its
 	// last renewal stretches the Lease to the grace, which a candidate
 	// that starts meanwhile reads as the holder's duration; the node's
 	// next agent (the same identity) resumes the Lease with the usual one.

@@ -21,7 +21,6 @@ package leadership
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -79,9 +78,6 @@ type Elector struct {
 	// this long, as a candidate sees, is presumed dead. Renew is how often
 	// the holder renews.
 	Duration, Renew time.Duration
-	// Annotations returns a node's annotations as last seen (the local
-	// informer), so marks are written only when they differ.
-	Annotations func(node string) (map[string]string, bool)
 	// NodeUID finds a Node's UID for Events.
 	NodeUID  func(node string) (types.UID, bool)
 	Recorder record.EventRecorder // nil: no Events
@@ -448,7 +444,7 @@ func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, 
 		}
 	}
 	e.poke()
-	return e.marks(ctx, *l)
+	return nil
 }
 
 // recordRole keeps the history of this node's role: a change to leader
@@ -526,68 +522,6 @@ func (e *Elector) event(typ, reason, msg string) {
 		ref.UID, _ = e.NodeUID(e.Identity)
 	}
 	e.Recorder.Event(ref, typ, reason, msg)
-}
-
-// marks writes Kilo's leader annotation with meshlet's value on this node
-// when it holds the Lease, and removes meshlet's (only meshlet's: the
-// value is checked by the API server in the same patch) from the nodes
-// the plan names.
-func (e *Elector) marks(ctx context.Context, l topology.Leadership) error {
-	var errs []error
-	if l.Claim {
-		if a, ok := e.annotations(e.Identity); !ok || a[topology.AnnotationLeader] != topology.LeaderLeaseValue {
-			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-				topology.AnnotationLeader: topology.LeaderLeaseValue}}})
-			if _, err := e.Client.CoreV1().Nodes().Patch(ctx, e.Identity, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-				errs = append(errs, fmt.Errorf("marking node %s as its location's leader: %w", e.Identity, err))
-			} else {
-				e.log().Info("marked this node as its location's leader", "location", l.Location, "annotation", topology.AnnotationLeader)
-			}
-		}
-	}
-	for _, n := range l.Unmark {
-		if a, ok := e.annotations(n); ok && a[topology.AnnotationLeader] != topology.LeaderLeaseValue {
-			continue
-		}
-		path := "/metadata/annotations/" + jsonPointer(topology.AnnotationLeader)
-		patch, _ := json.Marshal([]map[string]any{
-			{"op": "test", "path": path, "value": topology.LeaderLeaseValue},
-			{"op": "remove", "path": path},
-		})
-		_, err := e.Client.CoreV1().Nodes().Patch(ctx, n, types.JSONPatchType, patch, metav1.PatchOptions{})
-		switch {
-		case err == nil:
-			e.log().Info("removed meshlet's leader mark", "node", n, "location", l.Location)
-		case apierrors.IsNotFound(err), apierrors.IsInvalid(err):
-			// Gone, or the value is no longer meshlet's (a user's now).
-		default:
-			errs = append(errs, fmt.Errorf("removing the leader mark of node %s: %w", n, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (e *Elector) annotations(node string) (map[string]string, bool) {
-	if e.Annotations == nil {
-		return nil, false
-	}
-	return e.Annotations(node)
-}
-
-// jsonPointer escapes a key for a JSON patch path (RFC 6901).
-func jsonPointer(s string) string {
-	out := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '~':
-			out = append(out, '~', '0')
-		case '/':
-			out = append(out, '~', '1')
-		default:
-			out = append(out, s[i])
-		}
-	}
-	return string(out)
 }
 
 // Suspend keeps this node's Lease across a restart of its agent

@@ -54,9 +54,12 @@ type Host interface {
 	Apply(ctx context.Context, plan topology.Plan) (Changes, error)
 }
 
-// Publisher writes this node's annotations (only the ones that differ).
+// Publisher is the one writer of Nodes: this node's annotations (only the
+// ones that differ), and the removal of meshlet's leader mark from the
+// nodes the plan names.
 type Publisher interface {
 	Publish(ctx context.Context, annotations map[string]string) (patched bool, err error)
+	Unmark(ctx context.Context, nodes []string) (removed int, err error)
 }
 
 // RemoteWatchers follow this node's role: remote clusters are watched while
@@ -423,6 +426,15 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	patched, err := l.Publisher.Publish(ctx, plan.Annotations)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("publishing annotations: %w", err))
+	}
+	if ld := plan.Leadership; ld != nil && len(ld.Unmark) > 0 {
+		n, err := l.Publisher.Unmark(ctx, ld.Unmark)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("removing leader marks: %w", err))
+		}
+		if n > 0 {
+			l.Log.Info("removed meshlet's leader marks", "nodes", ld.Unmark, "removed", n, "location", ld.Location)
+		}
 	}
 	if l.Remotes != nil {
 		l.Remotes.Reconcile(plan.Leader, kubeconfigs)

@@ -96,8 +96,14 @@ func (f *fakeHost) Apply(context.Context, topology.Plan) (Changes, error) {
 }
 
 type fakePub struct {
-	last map[string]string
-	err  error
+	last     map[string]string
+	err      error
+	unmarked [][]string
+}
+
+func (f *fakePub) Unmark(_ context.Context, nodes []string) (int, error) {
+	f.unmarked = append(f.unmarked, nodes)
+	return len(nodes), nil
 }
 
 func (f *fakePub) Publish(_ context.Context, a map[string]string) (bool, error) {

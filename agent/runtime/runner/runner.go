@@ -262,7 +262,7 @@ func (a *Agent) failover(recorder record.EventRecorder) {
 	var follow followers
 	if o.Config.LeaderElection {
 		a.elector = &leadership.Elector{Client: a.leases, Namespace: o.Config.Namespace, Identity: o.Node,
-			Duration: o.Config.LeaseDuration, Renew: o.Config.LeaseRenew, Annotations: a.Local.NodeAnnotations,
+			Duration: o.Config.LeaseDuration, Renew: o.Config.LeaseRenew,
 			NodeUID:  func(n string) (types.UID, bool) { return a.Local.UID("Node", "", n) },
 			Recorder: recorder, Metrics: lm, Notify: loop.Notify, Log: o.Log, Clock: o.Clock}
 		loop.Snapshots = &leaseSource{Snapshotter: loop.Snapshots, elector: a.elector, local: a.Local, settings: o.Config.Settings()}
