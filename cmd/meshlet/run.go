@@ -146,6 +146,12 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
 	rc.UserAgent = "meshlet/" + version
+	// The local API server is inside the cluster: gzip on its watch streams
+	// (every Lease renewal of the location, every Node's last-seen) costs
+	// CPU on both ends to save bandwidth that is not scarce there
+	// (docs/performance.md#beside-kg). Remote clusters keep it unless their
+	// kubeconfig says disable-compression.
+	rc.DisableCompression = true
 	if _, err := xtables.Select(ctx, iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
 		return err
 	}

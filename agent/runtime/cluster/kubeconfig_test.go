@@ -163,8 +163,10 @@ func TestRemoteConfigInline(t *testing.T) {
 		policy   KubeconfigPolicy
 		wantAuth string
 		wantErr  string
+		noGzip   bool // the client asks for no compression
 	}{
 		{name: "token", user: []string{"token: tok-123"}, wantAuth: "Bearer tok-123"},
+		{name: "disable-compression", cluster: []string{"disable-compression: true"}, user: []string{"token: tok-3"}, wantAuth: "Bearer tok-3", noGzip: true},
 		{name: "tls-server-name", cluster: []string{"tls-server-name: example.com"}, user: []string{"token: tok-2"}, wantAuth: "Bearer tok-2"},
 		{name: "exec with opt-in", policy: KubeconfigPolicy{AllowExec: true}, wantAuth: "Bearer from-exec",
 			user: []string{"exec:", "  apiVersion: client.authentication.k8s.io/v1", "  command: /bin/sh",
@@ -188,6 +190,9 @@ func TestRemoteConfigInline(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if cfg.DisableCompression != c.noGzip {
+				t.Errorf("DisableCompression %v, want %v", cfg.DisableCompression, c.noGzip)
 			}
 			cs, err := kubernetes.NewForConfig(cfg)
 			if err != nil {

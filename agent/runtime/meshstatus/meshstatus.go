@@ -62,7 +62,11 @@ type Writer struct {
 	// NoCRD: the agent may not read the ClusterMesh CRD (grants); the
 	// writer then writes the fields every ClusterMesh CRD has.
 	NoCRD bool
-	// Lease timing (defaults 15 s, 10 s, 2 s: client-go's usual values).
+	// Lease timing (defaults 30 s, 20 s, 5 s). A status can wait: the
+	// holder renews every 5 s (client-go's usual 2 s was a fifth of an idle
+	// segment leader's CPU, docs/performance.md#beside-kg), a leader that
+	// stops leading releases at once, and one that dies is replaced within
+	// 30 s (docs/clustermesh.md#status).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Now is the clock of condition transition times (default: the real clock).
 	Now func() time.Time
@@ -138,8 +142,8 @@ func (w *Writer) elect(ctx context.Context) {
 	}
 	cfg := leaderelection.LeaderElectionConfig{
 		Lock: lock, ReleaseOnCancel: true, Name: LeaseName,
-		LeaseDuration: or(w.LeaseDuration, 15*time.Second), RenewDeadline: or(w.RenewDeadline, 10*time.Second),
-		RetryPeriod: or(w.RetryPeriod, 2*time.Second),
+		LeaseDuration: or(w.LeaseDuration, 30*time.Second), RenewDeadline: or(w.RenewDeadline, 20*time.Second),
+		RetryPeriod: or(w.RetryPeriod, 5*time.Second),
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: w.lead,
 			OnStoppedLeading: func() {

@@ -125,7 +125,8 @@ type Agent struct {
 	events  record.EventBroadcaster
 	client  kubernetes.Interface
 	// leases is client in protobuf, for the location's Lease (a renewal
-	// a second, read by every node of the location).
+	// a second, read by every node of the location) and the ClusterMesh
+	// status writer's (a renewal every 2 s).
 	leases kubernetes.Interface
 	// leaving is why this node goes away, once the agent stopping found
 	// it so (leavingSelf hands it to the planner).
@@ -213,7 +214,7 @@ func New(o Options) (*Agent, error) {
 		if err != nil {
 			return nil, err
 		}
-		ms = &meshstatus.Writer{Client: client, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
+		ms = &meshstatus.Writer{Client: leases, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
 			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log, Now: o.Clock.Now,
 			NoCRD: !o.Grants.On(grants.ClusterMeshStatusSchema)}
 		loop.MeshStatus = ms
