@@ -120,8 +120,14 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 		return st, sessionOK
 	case s.tx > prev.tx && st.unanswered.IsZero():
 		// Sent since the previous reading, nothing back: the first such
-		// packet may have left right after it.
+		// packet may have left right after it — or, when the readings
+		// were a quiet second apart, just before this one: counted from
+		// at most half of SuspectAfter back (what 100 ms readings give), a
+		// reply still in flight is not probed at once.
 		st.unanswered = prevAt
+		if floor := now.Add(-pol.SuspectAfter / 2); floor.After(prevAt) {
+			st.unanswered = floor
+		}
 	}
 	if st.retryDue && now.Sub(st.repairedAt) >= pol.RetryAfter {
 		// The fresh handshake's window is over: sent and unanswered, it

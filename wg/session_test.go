@@ -88,6 +88,39 @@ func TestAssessSession(t *testing.T) {
 	}
 }
 
+// TestAssessSessionAfterQuietReading: while quiet the counters are read
+// every second; a packet the next reading finds unanswered may have left
+// just before it, so the rule waits as it does at 100 ms readings (probe
+// 200 ms after the earlier of the reading before and 100 ms before this
+// one), not at once.
+func TestAssessSessionAfterQuietReading(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	hs := t0.Add(-30 * time.Second)
+	steps := []struct {
+		after time.Duration // since the reading before
+		tx    int64
+		want  sessionAction
+	}{
+		{0, 100, sessionOK},
+		{time.Second, 100, sessionOK},
+		{time.Second, 200, sessionOK}, // sent within the last second, nothing back
+		{100 * time.Millisecond, 300, sessionProbe},
+		{100 * time.Millisecond, 400, sessionOK},
+		{100 * time.Millisecond, 500, sessionOK},
+		{100 * time.Millisecond, 600, sessionRepair},
+	}
+	var st sessionState
+	at := t0
+	for i, s := range steps {
+		at = at.Add(s.after)
+		var got sessionAction
+		st, got = assessSession(st, sessionSample{rx: 100, tx: s.tx, handshake: hs}, at, DefaultSessionPolicy)
+		if got != s.want {
+			t.Fatalf("step %d (+%v, tx %d): action %d, want %d", i, s.after, s.tx, got, s.want)
+		}
+	}
+}
+
 // TestAssessSessionBackoff: a peer that stays silent is re-established at
 // most every MinBackoff, then less and less often (doubling to MaxBackoff).
 func TestAssessSessionBackoff(t *testing.T) {

@@ -52,7 +52,18 @@ func restConfigAt(master, kubeconfig string) (*rest.Config, error) {
 		kubeconfig = os.Getenv("KUBECONFIG")
 	}
 	if kubeconfig == "" && master == "" {
-		return rest.InClusterConfig()
+		// In the cluster, the API server is a hop away: gzip on its watch
+		// streams (every Lease renewal of the location, every Node's
+		// last-seen) costs CPU on both ends to save bandwidth that is not
+		// scarce there (docs/performance.md#beside-kg). A kubeconfig (which
+		// may name a server across a WAN) decides for itself with
+		// disable-compression, as remote clusters' do.
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, err
+		}
+		rc.DisableCompression = true
+		return rc, nil
 	}
 	return clientcmd.BuildConfigFromFlags(master, kubeconfig)
 }
@@ -146,12 +157,6 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
 	rc.UserAgent = "meshlet/" + version
-	// The local API server is inside the cluster: gzip on its watch streams
-	// (every Lease renewal of the location, every Node's last-seen) costs
-	// CPU on both ends to save bandwidth that is not scarce there
-	// (docs/performance.md#beside-kg). Remote clusters keep it unless their
-	// kubeconfig says disable-compression.
-	rc.DisableCompression = true
 	if _, err := xtables.Select(ctx, iptBackend, xtables.DefaultDir, xtables.Exec, log); err != nil {
 		return err
 	}
@@ -327,8 +332,9 @@ func noArgs(c *cobra.Command, args []string) error {
 // How often the WireGuard device is read (wg.WatchOptions): without a
 // change feed at most every driftInterval (less often on a large device),
 // with one every driftBackstop; the counters of kg-run peers every
-// sessionInterval, every sessionFastInterval while one's session has
-// traffic going unanswered.
+// sessionInterval while they carry traffic, every sessionFastInterval
+// while one's session has traffic going unanswered, and every second
+// (wg.WatchOptions.QuietInterval's default) while they are quiet.
 const (
 	driftInterval       = time.Second
 	driftBackstop       = 30 * time.Second

@@ -62,7 +62,9 @@ type GatewayProbe struct {
 }
 
 // Leadership is this node's part in its location's Lease: what the
-// leadership actuator does (agent/runtime/leadership).
+// leadership actuator does with the Lease (agent/runtime/leadership), and
+// the leader marks the Node writer carries out (Claim, Unmark:
+// cluster.Publisher).
 type Leadership struct {
 	Location string `json:"location"`
 	// Lease is the Lease's name (in meshlet's namespace).

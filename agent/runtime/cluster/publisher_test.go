@@ -21,8 +21,9 @@ import (
 // real API server and with the agent's own credentials (the shipped RBAC):
 // the holder's leader mark goes out with its annotations; Unmark removes
 // meshlet's mark from the nodes named and never a user's leader
-// annotation, not even one written after the informer last saw the node
-// (the JSON patch tests the value on the server) — docs/failover.md#marks.
+// annotation (x-3's, which the agent sees; x-4's, written after the
+// agent's view: the JSON patch tests the value on the server) —
+// docs/failover.md#marks.
 func TestPublisherLeaderMarks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver")
@@ -49,10 +50,14 @@ func TestPublisherLeaderMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local.Start(ctx)
+	// The informer lists once and stops: its view stays as created, so
+	// the user's later change below is one the agent has not seen.
+	listed, stop := context.WithCancel(ctx)
+	local.Start(listed)
 	if !local.WaitForSync(ctx) {
 		t.Fatal("local caches not synced")
 	}
+	stop()
 	pub := &cluster.Publisher{Client: agent, Local: local, Node: "x-1"}
 	leaderOf := func(n string) (string, bool) {
 		t.Helper()
@@ -73,9 +78,8 @@ func TestPublisherLeaderMarks(t *testing.T) {
 		t.Errorf("x-1's leader annotation %q, want %q", v, mark)
 	}
 
-	// A user turns x-4's mark into their own: whether or not the informer
-	// has seen it yet, the user's value stays (if not, the server's test
-	// refuses the removal).
+	// A user turns x-4's mark into their own, unseen by the agent, which
+	// still sees meshlet's: the server's test refuses the removal.
 	user := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, topology.AnnotationLeader)
 	if _, err := admin.CoreV1().Nodes().Patch(ctx, "x-4", types.MergePatchType, []byte(user), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)

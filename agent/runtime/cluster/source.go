@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -12,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
@@ -59,6 +59,8 @@ type Publisher struct {
 	LastSeenRefresh time.Duration
 	// Clock stamps last-seen (nil: the real clock).
 	Clock clock.WithTicker
+	// Log says when this node's leader mark goes out (nil: not said).
+	Log *slog.Logger
 }
 
 // Publish implements reconcile.Publisher.
@@ -82,6 +84,9 @@ func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, 
 	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.Node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return false, fmt.Errorf("patching node %s: %w", p.Node, err)
 	}
+	if _, ok := diff[topology.AnnotationLeader]; ok && p.Log != nil {
+		p.Log.Info("marked this node as its location's leader", "annotation", topology.AnnotationLeader, "value", diff[topology.AnnotationLeader])
+	}
 	return true, nil
 }
 
@@ -92,31 +97,46 @@ func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, 
 // since this node last saw it (docs/failover.md#marks). It reports the
 // marks removed.
 func (p *Publisher) Unmark(ctx context.Context, nodes []string) (int, error) {
-	path := "/metadata/annotations/" + jsonPointer(topology.AnnotationLeader)
-	patch, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": path, "value": topology.LeaderLeaseValue},
-		{"op": "remove", "path": path},
-	})
-	if err != nil {
-		return 0, fmt.Errorf("encoding the leader mark's removal: %w", err)
-	}
 	var errs []error
 	removed := 0
 	for _, n := range nodes {
 		if a, ok := p.Local.NodeAnnotations(n); ok && a[topology.AnnotationLeader] != topology.LeaderLeaseValue {
 			continue
 		}
-		_, err := p.Client.CoreV1().Nodes().Patch(ctx, n, types.JSONPatchType, patch, metav1.PatchOptions{})
-		switch {
-		case err == nil:
+		ok, err := unmark(ctx, p.Client, n)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
 			removed++
-		case apierrors.IsNotFound(err), apierrors.IsInvalid(err):
-			// Gone, or the value is no longer meshlet's (a user's now).
-		default:
-			errs = append(errs, fmt.Errorf("removing the leader mark of node %s: %w", n, err))
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// unmarkPatch removes the leader annotation only while its value is
+// meshlet's: the API server tests it in the same request.
+var unmarkPatch = func() []byte {
+	path := "/metadata/annotations/" + jsonPointer(topology.AnnotationLeader)
+	b, _ := json.Marshal([]map[string]any{ // a literal of strings: cannot fail
+		{"op": "test", "path": path, "value": topology.LeaderLeaseValue},
+		{"op": "remove", "path": path},
+	})
+	return b
+}()
+
+// unmark removes meshlet's leader mark from node; false when there was
+// none (the node gone, no mark, or a user's value).
+func unmark(ctx context.Context, client kubernetes.Interface, node string) (bool, error) {
+	_, err := client.CoreV1().Nodes().Patch(ctx, node, types.JSONPatchType, unmarkPatch, metav1.PatchOptions{})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err), apierrors.IsInvalid(err):
+		// Gone, or the value is not meshlet's (none, or a user's).
+		return false, nil
+	}
+	return false, fmt.Errorf("removing the leader mark of node %s: %w", node, err)
 }
 
 // jsonPointer escapes a key for a JSON patch path (RFC 6901).
@@ -168,11 +188,14 @@ var (
 )
 
 // Unpublish removes what the agent published on node: meshlet's marks, the
-// leader annotation when it is meshlet's mark (a user's stays), and unless
-// keepKilo Kilo's annotations too (keepKilo: kg takes the node over and
-// publishes them again). It lists the node by name: kg's grants have no
-// get on nodes.
+// leader annotation when it is meshlet's mark (a user's stays: the API
+// server tests the value, as for Unmark), and unless keepKilo Kilo's
+// annotations too (keepKilo: kg takes the node over and publishes them
+// again). It reads nothing (kg's grants have no get on nodes).
 func Unpublish(ctx context.Context, client kubernetes.Interface, node string, keepKilo bool) error {
+	if _, err := unmark(ctx, client, node); err != nil {
+		return err
+	}
 	remove := map[string]any{}
 	for _, k := range meshletMarks {
 		remove[k] = nil
@@ -181,13 +204,6 @@ func Unpublish(ctx context.Context, client kubernetes.Interface, node string, ke
 		for _, k := range kiloPublished {
 			remove[k] = nil
 		}
-	}
-	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", node).String()})
-	if err != nil {
-		return fmt.Errorf("reading node %s: %w", node, err)
-	}
-	if len(nodes.Items) == 1 && nodes.Items[0].Annotations[topology.AnnotationLeader] == topology.LeaderLeaseValue {
-		remove[topology.AnnotationLeader] = nil
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": remove}})
 	if err != nil {

@@ -2,8 +2,9 @@ package leadership
 
 // The elector against a real kube-apiserver with the shipped RBAC: three
 // candidates of one location take, renew, lose and release the Lease in
-// the order the plan gives, never two at once, and write and remove the
-// leader marks. Outcomes only: no timing is asserted.
+// the order the plan gives, never two at once (the leader marks are
+// cluster.Publisher's: TestPublisherLeaderMarks). Outcomes only: no timing
+// is asserted.
 
 import (
 	"context"
@@ -151,7 +152,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	follow("x-1", topology.Leadership{Candidate: true})
 	poll(t, ctx, "x-1 holding", func() bool { h, _ := get(); return h == "x-1" })
 	// It keeps it while it renews: the others see renewals and never take it.
-	follow("x-1", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	follow("x-1", topology.Leadership{Candidate: true, Hold: true})
 	ren := cands["x-1"].e.Status().RenewedAt
 	poll(t, ctx, "three renewals", func() bool { return cands["x-1"].e.Status().RenewedAt.After(ren.Add(2 * time.Second)) })
 	if h, _ := get(); h != "x-1" {
@@ -166,7 +167,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	cands["x-1"].cancel()
 	follow("x-2", topology.Leadership{Candidate: true})
 	poll(t, ctx, "x-2 holding", func() bool { h, _ := get(); return h == "x-2" })
-	follow("x-2", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	follow("x-2", topology.Leadership{Candidate: true, Hold: true})
 
 	// 3. x-2 steps aside: it releases at once, recording why; x-3 takes it.
 	follow("x-2", topology.Leadership{StepAside: failover.ReasonWireGuardDegraded, Release: failover.ReasonWireGuardDegraded})
@@ -181,7 +182,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 		t.Errorf("x-3's view %+v", st)
 	}
 
-	follow("x-3", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	follow("x-3", topology.Leadership{Candidate: true, Hold: true})
 	// 4. x-3 dies while x-2's writes go unanswered (an API server
 	// restarting): x-2 finds x-3 expired, fails to take the Lease, reads
 	// it again once the API answers and then takes it.
@@ -202,7 +203,7 @@ func TestElectorTakesRenewsReleasesInOrder(t *testing.T) {
 	// last renewal stretches the Lease to the grace, which a candidate
 	// that starts meanwhile reads as the holder's duration; the node's
 	// next agent (the same identity) resumes the Lease with the usual one.
-	follow("x-2", topology.Leadership{Candidate: true, Hold: true, Claim: true})
+	follow("x-2", topology.Leadership{Candidate: true, Hold: true})
 	if ok, err := cands["x-2"].e.Suspend(ctx, 10*time.Second); !ok || err != nil {
 		t.Fatalf("Suspend = %v, %v; want the held Lease stretched", ok, err)
 	}

@@ -1,10 +1,11 @@
 // Package leadership is this node's part in its location's Lease
 // (docs/failover.md): it watches the Lease, takes a free or expired one in
 // the order the plan gives (Leadership.Wait), renews it, gives it up when
-// the plan says so, writes the leader marks (Kilo's leader annotation with
-// meshlet's value on the holder, removed from a former holder), writes an
-// Event for every change of leader and step-aside, and keeps the history of
-// this node's role for /status.
+// the plan says so, writes an Event for every change of leader and
+// step-aside, and keeps the history of this node's role for /status. It
+// writes only the Lease: the leader marks (Kilo's leader annotation with
+// meshlet's value on the holder, removed from a former holder) are the
+// plan's, written by the one writer of Nodes (cluster.Publisher).
 //
 // It talks to coordination.k8s.io directly rather than through client-go's
 // leaderelection: candidates take a free Lease in Kilo's order (a delay per
@@ -399,8 +400,10 @@ func (e *Elector) Status() Status {
 
 // Follow takes the plan's decisions (after the loop applied the data
 // plane; applied is false when that failed, started is when the run
-// began): the Lease to watch and what to do with it, the marks, the role
-// history.
+// began): the Lease to watch and what to do with it, the role history. It
+// writes nothing itself (the Lease is written on the elector's own
+// schedule, whose failures it logs and retries), so it returns no error;
+// the error is reconcile.Leadership's, which the health prober shares.
 func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, started time.Time) error {
 	e.recordRole(plan.Leader, applied, started)
 	l := plan.Leadership

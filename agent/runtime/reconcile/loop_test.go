@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math"
 	"net/netip"
+	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,14 +98,15 @@ func (f *fakeHost) Apply(context.Context, topology.Plan) (Changes, error) {
 }
 
 type fakePub struct {
-	last     map[string]string
-	err      error
-	unmarked [][]string
+	last      map[string]string
+	err       error
+	unmarked  [][]string
+	unmarkErr error
 }
 
 func (f *fakePub) Unmark(_ context.Context, nodes []string) (int, error) {
 	f.unmarked = append(f.unmarked, nodes)
-	return len(nodes), nil
+	return len(nodes), f.unmarkErr
 }
 
 func (f *fakePub) Publish(_ context.Context, a map[string]string) (bool, error) {
@@ -162,6 +165,32 @@ func TestRunOnceAppliesPlan(t *testing.T) {
 	// Handshakes start once, after the host (the link up) is applied.
 	if len(wg.greetedAfter) != 1 || wg.greetedAfter[0] != 1 {
 		t.Errorf("InitiateHandshakes after host applies %v, want [1]", wg.greetedAfter)
+	}
+}
+
+// TestRunOnceClearsLeaderMarks: the leader marks the plan names go to the
+// Node writer, after the node's annotations; its failure fails the run.
+// Here location x holds a kg node beside a, which carries meshlet's mark:
+// Kilo's rule alone, so a's own mark goes.
+func TestRunOnceClearsLeaderMarks(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, snap, _, _, _ := newLoop(t, now)
+	kg := snap.snap.Nodes[1]
+	kg.Name, kg.LocationAnnotation, kg.PublicKey[0] = "a-kg", "x", 3
+	kg.InternalIP, kg.PodCIDRs = netip.MustParsePrefix("10.0.0.2/24"), []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}
+	snap.snap.Nodes[0].MeshletVersion, snap.snap.Nodes[0].Leader, snap.snap.Nodes[0].LeaderMark = "v1", true, true
+	snap.snap.Nodes = append(snap.snap.Nodes, kg)
+	snap.snap.Lease = &topology.LeaseState{Name: "meshlet-leader-x"}
+	pub := l.Publisher.(*fakePub)
+	if err := l.RunOnce(context.Background(), now); err != nil {
+		t.Fatal(err)
+	}
+	if want := [][]string{{"a"}}; !reflect.DeepEqual(pub.unmarked, want) {
+		t.Fatalf("unmarked %v, want %v", pub.unmarked, want)
+	}
+	pub.unmarkErr = errors.New("API server down")
+	if err := l.RunOnce(context.Background(), now); err == nil || !strings.Contains(err.Error(), "leader marks") {
+		t.Fatalf("run error %v, want the marks' failure", err)
 	}
 }
 

@@ -126,7 +126,7 @@ type Agent struct {
 	client  kubernetes.Interface
 	// leases is client in protobuf, for the location's Lease (a renewal
 	// a second, read by every node of the location) and the ClusterMesh
-	// status writer's (a renewal every 2 s).
+	// status writer's (a renewal every 5 s).
 	leases kubernetes.Interface
 	// leaving is why this node goes away, once the agent stopping found
 	// it so (leavingSelf hands it to the planner).
@@ -206,7 +206,7 @@ func New(o Options) (*Agent, error) {
 		recorder = discard{} // logs and metrics still say it
 	}
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
-	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node, Clock: o.Clock}
+	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node, Clock: o.Clock, Log: o.Log}
 	loop.Remotes = remotes
 	var ms *meshstatus.Writer
 	if o.Config.ClusterMeshStatus {
