@@ -55,15 +55,18 @@ unit:
 # bodyclose, nolintlint); actionlint on .github/workflows; helm lint --strict
 # of the chart with its defaults and with every value set.
 # DeepCopy of the kilo.squat.ai types (Peer, ClusterMesh) from their
-# +k8s:deepcopy-gen markers, by k8s.io/code-generator (a tool of go.mod).
+# +k8s:deepcopy-gen markers, by k8s.io/code-generator, and their CRDs from
+# their +kubebuilder markers, by controller-gen (both tools of go.mod).
 GENERATED_PKGS := ./agent/core/kilo ./agent/core/clustermesh
+GENERATED_FILES := '*zz_generated.deepcopy.go' 'manifests/crds/*.kilo.squat.ai.yaml' 'manifests/chart/crds/*.kilo.squat.ai.yaml'
 generate:
 	$(GO) tool deepcopy-gen --go-header-file hack/gen/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(GENERATED_PKGS)
+	GO="$(GO)" hack/gen/crds.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	@$(MAKE) --no-print-directory generate >/dev/null
-	@git diff --exit-code --stat -- '*zz_generated.deepcopy.go' || { echo "generated code is stale: run make generate and commit it"; exit 1; }
+	@git diff --exit-code --stat -- $(GENERATED_FILES) || { echo "generated code is stale: run make generate and commit it"; exit 1; }
 	$(TOOLS_BIN)/golangci-lint run $(PKGS)
 	$(TOOLS_BIN)/actionlint
 	$(TOOLS_BIN)/helm lint --strict manifests/chart

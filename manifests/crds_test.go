@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -186,5 +188,69 @@ func deleteCRD(ctx context.Context, t *testing.T, dyn dynamic.Interface, name st
 			t.Fatalf("CRD %s not gone: %v", name, err)
 		}
 		time.Sleep(100 * time.Millisecond) // poll interval
+	}
+}
+
+// TestPeerCRDIsKilos: the Peer CRD generated from meshlet's types has Kilo
+// 0.7's structural schema — the same fields, types, formats and required
+// fields (descriptions aside), so objects valid under Kilo's CRD are valid
+// under meshlet's and stored the same. Kilo's is generated the same way from
+// its types; the shape below is written from it (docs/kilo-api.md).
+func TestPeerCRDIsKilos(t *testing.T) {
+	b, err := os.ReadFile("crds/peers.kilo.squat.ai.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := decode(t, b)[0]
+	if g, s := crd.Object["spec"].(map[string]any)["group"], crd.Object["spec"].(map[string]any)["scope"]; g != "kilo.squat.ai" || s != "Cluster" {
+		t.Errorf("group %v, scope %v: want kilo.squat.ai, Cluster", g, s)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	if len(versions) != 1 || versions[0].(map[string]any)["name"] != "v1alpha1" {
+		t.Fatalf("versions %v: want v1alpha1 alone", versions)
+	}
+	got, _, _ := unstructured.NestedMap(versions[0].(map[string]any), "schema", "openAPIV3Schema")
+	str := func() map[string]any { return map[string]any{"type": "string"} }
+	want := map[string]any{
+		"type": "object", "required": []any{"spec"},
+		"properties": map[string]any{
+			"apiVersion": str(), "kind": str(), "metadata": map[string]any{"type": "object"},
+			"spec": map[string]any{
+				"type": "object", "required": []any{"allowedIPs", "publicKey"},
+				"properties": map[string]any{
+					"allowedIPs": map[string]any{"type": "array", "items": str()},
+					"endpoint": map[string]any{
+						"type": "object", "required": []any{"dnsOrIP", "port"},
+						"properties": map[string]any{
+							"dnsOrIP": map[string]any{"type": "object", "properties": map[string]any{"dns": str(), "ip": str()}},
+							"port":    map[string]any{"type": "integer", "format": "int32"},
+						},
+					},
+					"persistentKeepalive": map[string]any{"type": "integer"},
+					"presharedKey":        str(),
+					"publicKey":           str(),
+				},
+			},
+		},
+	}
+	if stripDescriptions(got); !reflect.DeepEqual(got, want) {
+		t.Errorf("Peer schema differs from Kilo's:\n got %s\nwant %s", mustJSON(t, got), mustJSON(t, want))
+	}
+}
+
+// stripDescriptions removes every description from a schema, in place.
+func stripDescriptions(s map[string]any) {
+	delete(s, "description")
+	for _, v := range s {
+		switch v := v.(type) {
+		case map[string]any:
+			stripDescriptions(v)
+		case []any:
+			for _, e := range v {
+				if m, ok := e.(map[string]any); ok {
+					stripDescriptions(m)
+				}
+			}
+		}
 	}
 }

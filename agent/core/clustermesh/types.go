@@ -5,6 +5,12 @@
 // planner's topology.Mesh. A mesh that fails validation never reaches the
 // planner: it becomes topology.Rejections and changes nothing on the data
 // plane. The package imports no client-go.
+//
+// The markers below and on the ClusterMesh types generate its
+// CustomResourceDefinition (manifests/crds, make generate).
+//
+// +groupName=kilo.squat.ai
+// +versionName=v1alpha1
 package clustermesh
 
 import (
@@ -38,16 +44,34 @@ func addKnownTypes(s *runtime.Scheme) error {
 // DefaultWireGuardPort is the wireguardPort of an entry that sets none.
 const DefaultWireGuardPort = 51820
 
-// ClusterMesh declares a set of clusters joined into one WireGuard mesh. It
-// is namespaced and has a status subresource.
+// The CRD generated from these types (manifests/crds) checks types and
+// required fields only, like Kilo's Peer CRD: CIDRs, ranges, overlaps and
+// the single local entry are validated by meshlet, which reports a bad mesh
+// (Event, log, metric) and leaves the data plane untouched. So every object
+// kilo-clustermesh-operator's CRD accepts, this one accepts as it is
+// (nothing pruned, the same meaning); this one accepts more: 0.6's form,
+// which is why it cannot require podCIDRs and wireguardCIDR as the
+// operator's does, and values the operator's patterns and ranges refuse,
+// which meshlet refuses with an Event instead (manifests/crds_test.go).
+
+// ClusterMesh joins several clusters into one WireGuard mesh.
 //
 // +k8s:deepcopy-gen=true
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:resource:scope=Namespaced,shortName=cm
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Clusters",type=string,JSONPath=`.status.readyClusters`,description="Remote clusters synced and reachable / all (kubectl prints only the first element of a list, so no list of names)."
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ClusterMesh struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   ClusterMeshSpec   `json:"spec"`
+	// Spec lists the clusters of the mesh.
+	Spec ClusterMeshSpec `json:"spec"`
+	// Status is written by one elected writer (or the operator).
+	// +optional
 	Status ClusterMeshStatus `json:"status,omitempty"`
 }
 
@@ -55,47 +79,63 @@ type ClusterMesh struct {
 //
 // +k8s:deepcopy-gen=true
 type ClusterMeshSpec struct {
+	// Clusters of the mesh; exactly one is the local cluster (by
+	// --cluster-name, else local=true).
 	Clusters []Cluster `json:"clusters"`
 }
 
-// Cluster is one entry of spec.clusters.
-//
-// Its networks are written in either of the operator's two forms, or both:
-// 0.6's flat AllowedNetworks, or the later PodCIDRs, WireguardCIDR,
+// An entry's networks are written in either of the operator's two forms, or
+// both: 0.6's flat AllowedNetworks, or the later PodCIDRs, WireguardCIDR,
 // ServiceCIDR and AdditionalCIDRs. They add up: the cluster's networks are
 // AllowedNetworks ∪ PodCIDRs ∪ {WireguardCIDR} ∪ {ServiceCIDR} ∪
-// AdditionalCIDRs (see Validate).
-//
-// Numbers are plain ints so that out-of-range values decode and are then
-// rejected with a reason rather than failing the decoding of a whole list.
+// AdditionalCIDRs (see Validate). Numbers are plain ints so that
+// out-of-range values decode and are then rejected with a reason rather
+// than failing the decoding of a whole list.
+
+// Cluster is one cluster of the mesh.
 //
 // +k8s:deepcopy-gen=true
 type Cluster struct {
-	// Name is a DNS label (≤ 63 characters), unique in the mesh.
+	// Name of the cluster, a DNS label unique in the mesh.
 	Name string `json:"name"`
-	// Local marks the cluster the object lives in; meshlet prefers its
-	// --cluster-name (see Resolve).
+	// Local marks the cluster this object lives in (meshlet prefers its
+	// --cluster-name, see Resolve).
+	// +optional
 	Local bool `json:"local,omitempty"`
-	// AllowedNetworks are every CIDR of the cluster (pods, WireGuard subnet,
-	// services, hosts); nothing outside them is accepted from it. The
-	// operator's 0.6 form.
+	// AllowedNetworks are every CIDR of the cluster (pods, WireGuard
+	// subnet, services, hosts); nothing outside them is accepted from it
+	// (kilo-clustermesh-operator 0.6's form).
+	// +optional
 	AllowedNetworks []string `json:"allowedNetworks,omitempty"`
-	// PodCIDRs, WireguardCIDR, ServiceCIDR and AdditionalCIDRs are the
-	// later operator's form of the same: the pod networks, the WireGuard
-	// (kilo0) subnet, the service network and any other (host networks).
-	// To meshlet they are networks of the cluster like AllowedNetworks.
-	PodCIDRs        []string `json:"podCIDRs,omitempty"`
-	WireguardCIDR   string   `json:"wireguardCIDR,omitempty"`
-	ServiceCIDR     string   `json:"serviceCIDR,omitempty"`
+	// PodCIDRs are the pod network CIDRs of the cluster (with
+	// wireguardCIDR, serviceCIDR and additionalCIDRs, the later operator's
+	// form of allowedNetworks; they add up with it).
+	// +optional
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+	// WireguardCIDR is the CIDR of the WireGuard (kilo0) addresses of the
+	// cluster's nodes.
+	// +optional
+	WireguardCIDR string `json:"wireguardCIDR,omitempty"`
+	// ServiceCIDR is the service network CIDR of the cluster.
+	// +optional
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	// AdditionalCIDRs are other CIDRs of the cluster (host networks,
+	// external subnets).
+	// +optional
 	AdditionalCIDRs []string `json:"additionalCIDRs,omitempty"`
-	// WireguardPort is the port its nodes listen on; 0 means 51820.
+	// WireguardPort is the WireGuard port of the cluster's nodes (0:
+	// 51820).
+	// +optional
 	WireguardPort int `json:"wireguardPort,omitempty"`
-	// PersistentKeepalive in seconds, 0–65535, 0 = off (the later
-	// operator's form has none: the nodes' keepalive annotations then
-	// decide, docs/architecture.md#keepalive).
+	// PersistentKeepalive in seconds towards this cluster's leaders,
+	// 0-65535 (0: the nodes' keepalive annotations decide), e.g. 25 for a
+	// cluster behind NAT.
+	// +optional
 	PersistentKeepalive int `json:"persistentKeepalive,omitempty"`
-	// KubeconfigSecretRef names the Secret (same namespace) holding a
-	// kubeconfig for the cluster; required for remote entries.
+	// KubeconfigSecretRef names the Secret in the same namespace holding a
+	// read-only kubeconfig for a remote cluster; required for remote
+	// entries.
+	// +optional
 	KubeconfigSecretRef *SecretKeyRef `json:"kubeconfigSecretRef,omitempty"`
 }
 
@@ -103,8 +143,11 @@ type Cluster struct {
 //
 // +k8s:deepcopy-gen=true
 type SecretKeyRef struct {
+	// Name of the Secret.
 	Name string `json:"name"`
-	Key  string `json:"key"`
+	// Key of the kubeconfig in the Secret (default kubeconfig).
+	// +optional
+	Key string `json:"key"`
 }
 
 // ClusterMeshStatus is written by one elected writer (or the operator).
@@ -113,28 +156,53 @@ type SecretKeyRef struct {
 type ClusterMeshStatus struct {
 	// ReadyClusters is "ready/remote clusters" (a printer column: kubectl
 	// prints only the first element of a list).
-	ReadyClusters string             `json:"readyClusters,omitempty"`
-	Clusters      []ClusterStatus    `json:"clusters,omitempty"`
-	Conditions    []metav1.Condition `json:"conditions,omitempty"`
+	// +optional
+	ReadyClusters string `json:"readyClusters,omitempty"`
+	// Clusters is the state of each remote cluster.
+	// +optional
+	Clusters []ClusterStatus `json:"clusters,omitempty"`
+	// Conditions: Ready, NetworksOverlap.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// ClusterStatus counts what was taken from one remote cluster.
 // registeredPeers and skippedNodes are the operator's fields (its
 // registered Peers are the WireGuard peers it made for the cluster's nodes;
 // meshlet's are the cluster's leaders it peers with; skipped nodes are the
 // remote nodes rejected); the others are meshlet's watcher's state, which
-// kilo-clustermesh-operator's CRD does not keep.
+// kilo-clustermesh-operator's CRD does not keep (and meshlet writes no more
+// than that CRD keeps where it is installed, schema.go).
+
+// ClusterStatus counts what was taken from one remote cluster.
 //
 // +k8s:deepcopy-gen=true
 type ClusterStatus struct {
-	Name            string `json:"name"`
-	RegisteredPeers int    `json:"registeredPeers"`
-	SkippedNodes    int    `json:"skippedNodes"`
-	Synced          bool   `json:"synced"`
-	Ready           bool   `json:"ready"`
-	Nodes           int    `json:"nodes"`
-	Peers           int    `json:"peers"`
-	Message         string `json:"message,omitempty"`
+	// Name of the cluster.
+	Name string `json:"name"`
+	// RegisteredPeers are the cluster's leaders meshlet peers with (the
+	// operator's Peers for the cluster's nodes).
+	// +optional
+	RegisteredPeers int `json:"registeredPeers"`
+	// SkippedNodes are the cluster's nodes rejected.
+	// +optional
+	SkippedNodes int `json:"skippedNodes"`
+	// Synced: meshlet's watcher of the cluster has listed it.
+	// +optional
+	Synced bool `json:"synced"`
+	// Ready: the cluster is synced and its API server reachable.
+	// +optional
+	Ready bool `json:"ready"`
+	// Nodes is the number of the cluster's Nodes watched.
+	// +optional
+	Nodes int `json:"nodes"`
+	// Peers is the number of the cluster's Peers watched.
+	// +optional
+	Peers int `json:"peers"`
+	// Message says why the cluster is not ready.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // Condition types of ClusterMeshStatus.

@@ -8,4 +8,10 @@
 // tests and from `meshlet plan`; only k8s.io/api and k8s.io/apimachinery.
 // Kilo itself (github.com/squat/kilo) is not imported: meshlet defines its
 // own types with the same JSON shape.
+//
+// The markers below and on the Peer types generate Peer's
+// CustomResourceDefinition (manifests/crds, make generate).
+//
+// +groupName=kilo.squat.ai
+// +versionName=v1alpha1
 package kilo
