@@ -66,11 +66,11 @@ func (m *Manager) InitiateHandshakes(ctx context.Context) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	if err := m.client.ConfigureDevice(m.iface, start); err != nil {
+	if err := m.configure(start); err != nil {
 		m.stale = true
 		return 0, fmt.Errorf("wg: start handshakes on %s (%d peers): %w", m.iface, n, err)
 	}
-	if err := m.client.ConfigureDevice(m.iface, restore); err != nil {
+	if err := m.configure(restore); err != nil {
 		// Keepalives may be left on: the next apply must read the device.
 		m.stale = true
 		return n, fmt.Errorf("wg: turn keepalive back off on %s (%d peers): %w", m.iface, n, err)

@@ -27,11 +27,12 @@ type WatchOptions struct {
 	// Sessions enables the half-dead session rule for peers with a
 	// SessionProbe: while there are any, their counters are read every
 	// SessionInterval (default 100 ms) after a read that saw one of them
-	// carry traffic, every FastInterval (default 50 ms) while one has
+	// carry a flow (more than FlowRate), every FastInterval (default 50 ms) while one has
 	// traffic going unanswered, so a half-dead session is settled within a
 	// second, and every QuietInterval (default 1 s) after a read that saw
-	// them all quiet: a quiet session has nothing to detect, and its first
-	// packet into a half-dead session is seen within that. Probe sends the
+	// them all quiet or carrying less (a health probe's echo): a quiet
+	// session has nothing to detect, and its first packet into a half-dead
+	// session is seen within that. Probe sends the
 	// probe (ICMP echo).
 	Sessions        bool
 	SessionInterval time.Duration
@@ -88,10 +89,13 @@ func (o WatchOptions) withDefaults() WatchOptions {
 //     removed peer is back within that period
 //     (docs/performance.md#drift-how-it-is-found-and-its-bound);
 //   - every SessionInterval while peers with a SessionProbe are applied
-//     and carry traffic (every QuietInterval while they are quiet), for the
+//     and carry a flow (every QuietInterval while they are quiet), for the
 //     half-dead session rule (session.go), which the same read serves.
 func (m *Manager) Watch(ctx context.Context, o WatchOptions) <-chan struct{} {
 	o = o.withDefaults()
+	m.mu.Lock()
+	m.watchClock = o.Clock
+	m.mu.Unlock()
 	out := make(chan struct{}, 1)
 	go m.watch(ctx, o, out)
 	return out
@@ -114,6 +118,7 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 	}
 	var cost time.Duration // of the last read
 	lastRead := o.Clock.Now()
+	lastOffered := false // the last reading was Stats's (offer.go)
 	mode := ""
 	for {
 		if feed == nil {
@@ -130,7 +135,17 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 		if feed != nil {
 			feedC = feed.C
 		}
-		if wait := lastRead.Add(m.readInterval(feed != nil, cost, sw, o)).Sub(o.Clock.Now()); wait > 0 {
+		interval := m.readInterval(feed != nil, cost, sw, o)
+		due := interval
+		if lastOffered && interval >= o.QuietInterval {
+			// Reading slowly, and the last reading was offered: the next
+			// offer is about as far away as the interval (the health
+			// probes run on a one-second ticker too), so wait a quarter
+			// more for it rather than read a moment before it comes.
+			due += interval / 4
+		}
+		offered := false
+		if wait := lastRead.Add(due).Sub(o.Clock.Now()); wait > 0 {
 			t := o.Clock.NewTimer(wait)
 			read := false
 			select {
@@ -141,6 +156,14 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 				read = true
 			case <-m.changed:
 				// An apply changed what is watched (sessions): plan anew.
+			case <-m.offered:
+				// Stats read the device (offer.go): that is this read, when
+				// the watch reads about as often as Stats's callers anyway
+				// (a second). Not while it reads fast: a reading a few
+				// milliseconds after its last would show a flow as a
+				// pause (FlowRate) and slow it down.
+				offered = interval > o.SessionInterval && interval <= o.QuietInterval
+				read = offered
 			case pid, ok := <-feedC:
 				if !ok {
 					// The device process stopped: read now (an error is drift).
@@ -155,9 +178,14 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 			}
 		}
 		start := o.Clock.Now()
-		drifted, probes, err := m.watchOnce(ctx, sw, o)
-		lastRead = o.Clock.Now()
-		cost = lastRead.Sub(start)
+		drifted, probes, at, err := m.watchOnce(ctx, sw, o, offered)
+		if at.IsZero() {
+			continue // the offer was stale: the timer decides again
+		}
+		lastRead, lastOffered = at, offered
+		if !offered {
+			cost = o.Clock.Now().Sub(start)
+		}
 		if drifted || (err != nil && ctx.Err() == nil) {
 			signal()
 		}
@@ -210,30 +238,42 @@ func (m *Manager) subscribe() (*changeSub, error) {
 	return subscribeChanges(m.iface)
 }
 
-// watchOnce reads the device once: drift against the last apply, and the
-// session rule, re-establishing half-dead sessions in place. It returns the
-// addresses to probe.
-func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOptions) (drifted bool, probes []netip.Addr, err error) {
+// watchOnce reads the device once, or takes the reading Stats offered
+// (offered; none usable: at is zero): drift against the last apply, and
+// the session rule, re-establishing half-dead sessions in place. It
+// returns the addresses to probe and when the reading was taken.
+func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOptions, offered bool) (drifted bool, probes []netip.Addr, at time.Time, err error) {
 	if err := ctx.Err(); err != nil {
-		return false, nil, err
+		return false, nil, o.Clock.Now(), err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.applied == nil {
-		return false, nil, nil
+	var cur *wgtypes.Device
+	if offered {
+		of := m.takeOffer()
+		if of == nil {
+			return false, nil, time.Time{}, nil
+		}
+		cur, at = of.dev, of.at
 	}
-	cur, err := m.client.Device(m.iface)
-	if err != nil {
-		return false, nil, fmt.Errorf("wg: read device %s: %w", m.iface, err)
+	if m.applied == nil {
+		return false, nil, o.Clock.Now(), nil
+	}
+	if cur == nil {
+		cur, err = m.client.Device(m.iface)
+		at = o.Clock.Now()
+		if err != nil {
+			return false, nil, at, fmt.Errorf("wg: read device %s: %w", m.iface, err)
+		}
 	}
 	if _, rep := Diff(m.applied.input(m.lastEndpoints, m.names), cur); rep.Changed() {
 		// Drift first: the re-apply reads and restores the device, the
 		// sessions are looked at on the next read.
 		m.stale = true
-		return true, nil, nil
+		return true, nil, at, nil
 	}
 	if !o.Sessions || m.applied.probes == 0 {
-		return false, nil, nil
+		return false, nil, at, nil
 	}
 	onDevice := make(map[wgtypes.Key]*wgtypes.Peer, len(cur.Peers))
 	for i := range cur.Peers {
@@ -253,12 +293,12 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 		}
 		samples = append(samples, watched{key: p.PublicKey, sample: sessionSample{rx: d.ReceiveBytes, tx: d.TransmitBytes, handshake: hs}})
 	}
-	probe, repair, retry := sw.assess(o.Clock.Now(), samples)
+	probe, repair, retry := sw.assess(at, samples)
 	for _, k := range probe {
 		probes = append(probes, byKey[k].SessionProbe)
 	}
 	if len(repair)+len(retry) == 0 {
-		return false, probes, nil
+		return false, probes, at, nil
 	}
 	var cfg wgtypes.Config
 	for _, k := range append(repair[:len(repair):len(repair)], retry...) {
@@ -269,9 +309,9 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 		}
 		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, pc)
 	}
-	if err := m.client.ConfigureDevice(m.iface, cfg); err != nil {
+	if err := m.configure(cfg); err != nil {
 		m.stale = true
-		return false, probes, fmt.Errorf("wg: re-establish sessions on %s: %w", m.iface, err)
+		return false, probes, at, fmt.Errorf("wg: re-establish sessions on %s: %w", m.iface, err)
 	}
 	for _, k := range repair {
 		m.log.LogAttrs(ctx, slog.LevelInfo, "re-established a half-dead WireGuard session (the peer forgot it)",
@@ -287,5 +327,5 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 			o.OnRepair(byKey[k].Name)
 		}
 	}
-	return false, probes, nil
+	return false, probes, at, nil
 }

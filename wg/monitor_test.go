@@ -61,7 +61,7 @@ func TestApplyAgainstMemory(t *testing.T) {
 	if rep, _ := m.Apply(ctx, plan); rep.Changed() {
 		t.Fatalf("without a read the memory cannot know: %+v", rep)
 	}
-	if drifted, _, err := m.watchOnce(ctx, &sessionWatch{policy: DefaultSessionPolicy}, WatchOptions{}.withDefaults()); err != nil || !drifted {
+	if drifted, _, _, err := m.watchOnce(ctx, &sessionWatch{policy: DefaultSessionPolicy}, WatchOptions{}.withDefaults(), false); err != nil || !drifted {
 		t.Fatalf("drift not seen: %v %v", drifted, err)
 	}
 	rep, err = m.Apply(ctx, plan)
@@ -279,8 +279,8 @@ func TestWatchWithoutFeed(t *testing.T) {
 }
 
 // TestWatchSessionReads: counters are read every SessionInterval only while
-// a peer with a SessionProbe is applied and carries traffic, every
-// QuietInterval while it is quiet.
+// a peer with a SessionProbe is applied and carries a flow (FlowRate), every
+// QuietInterval while it is quiet or carries less (a health probe's echo).
 func TestWatchSessionReads(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -313,16 +313,17 @@ func TestWatchSessionReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	kg := plan.Peers[1].PublicKey
-	send := func() {
+	sendN := func(n int64) {
 		fc.edit(func(d *wgtypes.Device) {
 			for i := range d.Peers {
 				if d.Peers[i].PublicKey == kg {
-					d.Peers[i].TransmitBytes += 100
-					d.Peers[i].ReceiveBytes += 100
+					d.Peers[i].TransmitBytes += n
+					d.Peers[i].ReceiveBytes += n
 				}
 			}
 		})
 	}
+	send := func() { sendN(100) }
 	// Seen first, then carrying traffic: read every 100 ms.
 	for i := range 4 {
 		send()
@@ -350,15 +351,31 @@ func TestWatchSessionReads(t *testing.T) {
 		clk.Step(100 * time.Millisecond)
 		eventually(t, "the quiet read", func() bool { return fc.readCount() == reads+2+i })
 	}
-	// Traffic again: fast reads again after the next quiet read sees it.
-	send()
+	// A health probe's exchange a second (80 bytes each way, under
+	// FlowRate): still one read a second.
+	sendN(80)
 	eventually(t, "the watch waiting", clk.HasWaiters)
 	clk.Step(time.Second)
-	eventually(t, "the read that sees traffic", func() bool { return fc.readCount() == reads+4 })
+	eventually(t, "the read that sees the probe", func() bool { return fc.readCount() == reads+4 })
+	for range 3 {
+		eventually(t, "the watch waiting", clk.HasWaiters)
+		clk.Step(300 * time.Millisecond)
+	}
+	if got := fc.readCount(); got != reads+4 {
+		t.Fatalf("a probe's traffic brought %d fast reads, want none", got-reads-4)
+	}
+	eventually(t, "the watch waiting", clk.HasWaiters)
+	clk.Step(100 * time.Millisecond)
+	eventually(t, "the quiet read", func() bool { return fc.readCount() == reads+5 })
+	// A flow again (400 B/s): fast reads after the next quiet read sees it.
+	sendN(400)
+	eventually(t, "the watch waiting", clk.HasWaiters)
+	clk.Step(time.Second)
+	eventually(t, "the read that sees the flow", func() bool { return fc.readCount() == reads+6 })
 	send()
 	eventually(t, "the watch waiting", clk.HasWaiters)
 	clk.Step(100 * time.Millisecond)
-	eventually(t, "a fast read", func() bool { return fc.readCount() == reads+5 })
+	eventually(t, "a fast read", func() bool { return fc.readCount() == reads+7 })
 	plan.Peers[1].SessionProbe = netip.Addr{}
 	if _, err := m.Apply(ctx, plan); err != nil {
 		t.Fatal(err)

@@ -157,14 +157,37 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 	return st, sessionOK
 }
 
+// FlowRate is the rate, in bytes a second either way since the reading
+// before, above which a watched peer's traffic is a flow that the monitor
+// reads fast (SessionInterval), so that a half-dead session starting inside
+// it is seen within that interval. Under it — a leader's health probe, one
+// echo a second (80 bytes as WireGuard counts it), a keepalive (32 bytes),
+// a ping a second — the peer is read at QuietInterval: its unanswered
+// packets are still seen at the next reading and read fast from then
+// (pending), a second later at most. Before, any traffic brought fast
+// reads, so a Lease holder read its kg-run peers' counters twice a second
+// for its own probes alone (docs/performance.md#beside-kg). A ping every
+// 200 ms (128-byte packets, 640 B/s) is a flow.
+const FlowRate = 256
+
 // sessionWatch holds the states of the watched peers.
 type sessionWatch struct {
 	policy SessionPolicy
 	peers  map[wgtypes.Key]sessionState
-	// active: the last tick saw a watched peer send or receive since the
-	// tick before, or saw it first (the monitor reads fast then, slowly
-	// while all are quiet).
+	// active: the last tick saw a watched peer carry a flow (FlowRate)
+	// since the tick before, or saw it first (the monitor reads fast then,
+	// slowly while all are quiet).
 	active bool
+}
+
+// flowing reports whether s, taken at now, shows a flow since prev.
+func flowing(prev sessionState, s sessionSample, now time.Time) bool {
+	d := now.Sub(prev.lastAt)
+	if d <= 0 {
+		return s.tx != prev.last.tx || s.rx != prev.last.rx
+	}
+	limit := FlowRate * d.Seconds()
+	return float64(s.tx-prev.last.tx) > limit || float64(s.rx-prev.last.rx) > limit
 }
 
 // watched is one peer to assess in a tick.
@@ -181,7 +204,7 @@ func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair, 
 	w.active = false
 	for _, s := range samples {
 		prev := w.peers[s.key]
-		w.active = w.active || !prev.seen || s.sample.tx != prev.last.tx || s.sample.rx != prev.last.rx
+		w.active = w.active || !prev.seen || flowing(prev, s.sample, now)
 		st, act := assessSession(prev, s.sample, now, w.policy)
 		next[s.key] = st
 		switch act {

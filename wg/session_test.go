@@ -301,7 +301,7 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 		for j := range fc.dev.Peers {
 			fc.dev.Peers[j].TransmitBytes += 100 // sending, nothing comes back
 		}
-		_, p, err := m.watchOnce(ctx, sw, o)
+		_, p, _, err := m.watchOnce(ctx, sw, o, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,7 +354,7 @@ func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
 		} else {
 			fc.dev.Peers[0].TransmitBytes = 148 // the re-created peer's initiation, unanswered
 		}
-		if _, _, err := m.watchOnce(ctx, sw, o); err != nil {
+		if _, _, _, err := m.watchOnce(ctx, sw, o, false); err != nil {
 			t.Fatal(err)
 		}
 		clk.Step(100 * time.Millisecond)
@@ -366,5 +366,32 @@ func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
 	last := fc.configs[len(fc.configs)-1]
 	if len(last.Peers) != 2 || !last.Peers[0].Remove || last.Peers[1].Remove || last.Peers[1].PublicKey != wgtypes.Key(kg.PublicKey) {
 		t.Errorf("the retry's configuration: %+v", last)
+	}
+}
+
+// TestFlowing: what the monitor reads fast (FlowRate).
+func TestFlowing(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	prev := sessionState{last: sessionSample{rx: 1000, tx: 1000}, lastAt: t0, seen: true}
+	for _, c := range []struct {
+		name   string
+		rx, tx int64 // added since prev
+		after  time.Duration
+		want   bool
+	}{
+		{"nothing", 0, 0, time.Second, false},
+		{"a health probe's echo in a second", 80, 80, time.Second, false},
+		{"a probe and a keepalive in a second", 112, 112, time.Second, false},
+		{"a ping every 200 ms", 640, 640, time.Second, true},
+		{"one ping in a fast reading's 100 ms", 128, 128, 100 * time.Millisecond, true},
+		{"sent only", 0, 400, time.Second, true},
+		{"received only", 400, 0, time.Second, true},
+		{"a probe's echo over two quiet seconds", 160, 160, 2 * time.Second, false},
+		{"any traffic read in the same instant", 1, 0, 0, true},
+	} {
+		s := sessionSample{rx: prev.last.rx + c.rx, tx: prev.last.tx + c.tx}
+		if got := flowing(prev, s, t0.Add(c.after)); got != c.want {
+			t.Errorf("%s: flowing %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -51,7 +51,7 @@ func (m *Manager) ForgetLearnedEndpoints(ctx context.Context) ([]string, error) 
 		return nil, nil
 	}
 	m.stale = true
-	if err := m.client.ConfigureDevice(m.iface, cfg); err != nil {
+	if err := m.configure(cfg); err != nil {
 		return nil, fmt.Errorf("wg: forget learned endpoints on %s: %w", m.iface, err)
 	}
 	m.log.LogAttrs(ctx, slog.LevelInfo, "forgot the endpoints roaming peers taught the device, as kg configures them (none)",

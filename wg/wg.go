@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"k8s.io/utils/clock"
 )
 
 // Client is the part of *wgctrl.Client the actuator uses; tests inject fakes.
@@ -110,6 +111,16 @@ type Manager struct {
 	handshakes map[wgtypes.Key]struct{}
 	// unresolved are the endpoints the last apply could not resolve.
 	unresolved []UnresolvedEndpoint
+	// writes counts this process's writes to the device (configure): a
+	// reading taken across one is not offered to the watch.
+	writes uint64
+	// offer is the last reading Stats took, for the watch to use as its
+	// own (offer.go); offered wakes the watch for it.
+	offer   *offer
+	offered chan struct{}
+	// watchClock stamps offered readings; nil until Watch runs (no offer
+	// is kept before).
+	watchClock clock.Clock
 }
 
 // NewManager returns a Manager for cfg.Interface.
@@ -132,6 +143,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		lastEndpoints: map[wgtypes.Key]string{},
 		names:         map[wgtypes.Key]string{},
 		changed:       make(chan struct{}, 1),
+		offered:       make(chan struct{}, 1),
 	}
 	if m.resolver == nil {
 		m.resolver = net.DefaultResolver
@@ -186,7 +198,7 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 	}
 	rep.Interface = m.iface
 	if rep.Changed() {
-		if err := m.client.ConfigureDevice(m.iface, cfg); err != nil {
+		if err := m.configure(cfg); err != nil {
 			// What part of cfg reached the device is unknown: read it next time.
 			m.stale = true
 			return Report{}, fmt.Errorf("wg: configure device %s (%d peers): %w", m.iface, rep.PeersTouched(), err)
@@ -273,15 +285,21 @@ func (m *Manager) Unresolved() []UnresolvedEndpoint {
 	return slices.Clone(m.unresolved)
 }
 
-// Stats reads the device for metrics.
+// Stats reads the device for metrics and the health probes. The reading is
+// offered to the watch, which uses it in place of a read of its own
+// (offer.go).
 func (m *Manager) Stats(ctx context.Context) (DeviceStats, error) {
 	if err := ctx.Err(); err != nil {
 		return DeviceStats{}, err
 	}
+	m.mu.Lock()
+	writes := m.writes
+	m.mu.Unlock()
 	d, err := m.client.Device(m.iface)
 	if err != nil {
 		return DeviceStats{}, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 	}
+	m.keepOffer(d, writes)
 	return StatsFromDevice(d), nil
 }
 

@@ -332,7 +332,7 @@ func noArgs(c *cobra.Command, args []string) error {
 // How often the WireGuard device is read (wg.WatchOptions): without a
 // change feed at most every driftInterval (less often on a large device),
 // with one every driftBackstop; the counters of kg-run peers every
-// sessionInterval while they carry traffic, every sessionFastInterval
+// sessionInterval while they carry a flow (wg.FlowRate), every sessionFastInterval
 // while one's session has traffic going unanswered, and every second
 // (wg.WatchOptions.QuietInterval's default) while they are quiet.
 const (
