@@ -32,7 +32,9 @@ type WatchOptions struct {
 	// second, and every QuietInterval (default 1 s) after a read that saw
 	// them all quiet or carrying less (a health probe's echo): a quiet
 	// session has nothing to detect, and its first packet into a half-dead
-	// session is seen within that. Probe sends the
+	// session is seen within that. A reading Stats took (the health
+	// probes') stands in for a slow one (offer.go), and after one the next
+	// comes up to a quarter interval later. Probe sends the
 	// probe (ICMP echo).
 	Sessions        bool
 	SessionInterval time.Duration
@@ -89,13 +91,14 @@ func (o WatchOptions) withDefaults() WatchOptions {
 //     removed peer is back within that period
 //     (docs/performance.md#drift-how-it-is-found-and-its-bound);
 //   - every SessionInterval while peers with a SessionProbe are applied
-//     and carry a flow (every QuietInterval while they are quiet), for the
+//     and carry a flow (every QuietInterval while they are quiet, where a
+//     reading Stats took stands in for the watch's own: offer.go), for the
 //     half-dead session rule (session.go), which the same read serves.
 func (m *Manager) Watch(ctx context.Context, o WatchOptions) <-chan struct{} {
 	o = o.withDefaults()
-	m.mu.Lock()
+	m.offerMu.Lock()
 	m.watchClock = o.Clock
-	m.mu.Unlock()
+	m.offerMu.Unlock()
 	out := make(chan struct{}, 1)
 	go m.watch(ctx, o, out)
 	return out
@@ -137,7 +140,8 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 		}
 		interval := m.readInterval(feed != nil, cost, sw, o)
 		due := interval
-		if lastOffered && interval >= o.QuietInterval {
+		slow := interval > o.SessionInterval && interval <= o.QuietInterval
+		if lastOffered && slow {
 			// Reading slowly, and the last reading was offered: the next
 			// offer is about as far away as the interval (the health
 			// probes run on a one-second ticker too), so wait a quarter
@@ -162,7 +166,7 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 				// (a second). Not while it reads fast: a reading a few
 				// milliseconds after its last would show a flow as a
 				// pause (FlowRate) and slow it down.
-				offered = interval > o.SessionInterval && interval <= o.QuietInterval
+				offered = slow
 				read = offered
 			case pid, ok := <-feedC:
 				if !ok {
@@ -178,7 +182,7 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 			}
 		}
 		start := o.Clock.Now()
-		drifted, probes, at, err := m.watchOnce(ctx, sw, o, offered)
+		drifted, probes, at, err := m.watchOnce(ctx, sw, o, offered, lastRead)
 		if at.IsZero() {
 			continue // the offer was stale: the timer decides again
 		}
@@ -239,10 +243,11 @@ func (m *Manager) subscribe() (*changeSub, error) {
 }
 
 // watchOnce reads the device once, or takes the reading Stats offered
-// (offered; none usable: at is zero): drift against the last apply, and
-// the session rule, re-establishing half-dead sessions in place. It
-// returns the addresses to probe and when the reading was taken.
-func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOptions, offered bool) (drifted bool, probes []netip.Addr, at time.Time, err error) {
+// (offered: one begun after since, the watch's last reading; none usable:
+// at is zero): drift against the last apply, and the session rule,
+// re-establishing half-dead sessions in place. It returns the addresses to
+// probe and when the reading was taken.
+func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOptions, offered bool, since time.Time) (drifted bool, probes []netip.Addr, at time.Time, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, nil, o.Clock.Now(), err
 	}
@@ -250,7 +255,7 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	defer m.mu.Unlock()
 	var cur *wgtypes.Device
 	if offered {
-		of := m.takeOffer()
+		of := m.takeOffer(since)
 		if of == nil {
 			return false, nil, time.Time{}, nil
 		}
@@ -262,6 +267,7 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	if cur == nil {
 		cur, err = m.client.Device(m.iface)
 		at = o.Clock.Now()
+		m.dropOffer() // one begun before this read is older
 		if err != nil {
 			return false, nil, at, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 		}

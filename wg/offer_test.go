@@ -95,39 +95,56 @@ func TestWatchTakesStatsReading(t *testing.T) {
 	}
 }
 
-// TestOfferAcrossAWrite: a reading taken while this process wrote the
-// device, or before its last write, is not the device as it is.
+// TestOfferAcrossAWrite: a reading begun before this process last wrote
+// the device, or before the watch's own last reading, is not the device as
+// it is; Stats does not wait for an apply (mu).
 func TestOfferAcrossAWrite(t *testing.T) {
 	m, _ := newFakeManager(t)
-	m.watchClock = testingclock.NewFakeClock(time.Unix(1_800_000_000, 0))
+	clk := testingclock.NewFakeClock(time.Unix(1_800_000_000, 0))
+	m.watchClock = clk
 	d := &wgtypes.Device{Name: "kilo0"}
+	t0 := clk.Now()
 
-	m.keepOffer(d, m.writes)
-	m.mu.Lock()
-	if of := m.takeOffer(); of == nil || of.dev != d {
+	m.keepOffer(d, t0, m.writes.Load())
+	if of := m.takeOffer(t0.Add(-time.Second)); of == nil || of.dev != d {
 		t.Errorf("an offer with no write since: %v, want the reading", of)
 	}
-	if of := m.takeOffer(); of != nil {
+	if of := m.takeOffer(t0.Add(-time.Second)); of != nil {
 		t.Errorf("an offer taken twice")
 	}
-	m.mu.Unlock()
 
-	before := m.writes
-	m.mu.Lock()
+	before := m.writes.Load()
 	_ = m.configure(wgtypes.Config{})
-	m.mu.Unlock()
-	m.keepOffer(d, before) // read while the write went out
-	m.mu.Lock()
-	if of := m.takeOffer(); of != nil {
+	m.keepOffer(d, t0, before) // read while the write went out
+	if of := m.takeOffer(t0.Add(-time.Second)); of != nil {
 		t.Errorf("a reading taken across a write was offered")
 	}
-	m.mu.Unlock()
 
-	m.keepOffer(d, m.writes)
-	m.mu.Lock()
+	m.keepOffer(d, t0, m.writes.Load())
 	_ = m.configure(wgtypes.Config{}) // written after the reading
-	if of := m.takeOffer(); of != nil {
+	if of := m.takeOffer(t0.Add(-time.Second)); of != nil {
 		t.Errorf("a reading older than the last write was taken")
+	}
+
+	m.keepOffer(d, t0, m.writes.Load())
+	if of := m.takeOffer(t0); of != nil {
+		t.Errorf("a reading begun when the watch last read was taken as newer")
+	}
+
+	// Stats while an apply holds mu (resolving a name): it reads anyway.
+	m.mu.Lock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Stats(context.Background())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Stats: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("Stats waited for the apply's lock")
 	}
 	m.mu.Unlock()
 }

@@ -164,10 +164,13 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 // echo a second (80 bytes as WireGuard counts it), a keepalive (32 bytes),
 // a ping a second — the peer is read at QuietInterval: its unanswered
 // packets are still seen at the next reading and read fast from then
-// (pending), a second later at most. Before, any traffic brought fast
-// reads, so a Lease holder read its kg-run peers' counters twice a second
-// for its own probes alone (docs/performance.md#beside-kg). A ping every
-// 200 ms (128-byte packets, 640 B/s) is a flow.
+// (pending), 1.25 s later at most (offer.go). Before, any traffic brought
+// fast reads, so a Lease holder read its kg-run peers' counters twice a
+// second for its own probes alone (docs/performance.md#beside-kg). The
+// rate is judged over the time since the reading before: a ping every
+// 100 ms (128-byte packets) keeps 100 ms readings going; one every 200 ms
+// is a flow to a one-second reading, but half of the 100 ms readings see
+// none, and each of those falls back to a second (as before FlowRate).
 const FlowRate = 256
 
 // sessionWatch holds the states of the watched peers.

@@ -301,7 +301,7 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 		for j := range fc.dev.Peers {
 			fc.dev.Peers[j].TransmitBytes += 100 // sending, nothing comes back
 		}
-		_, p, _, err := m.watchOnce(ctx, sw, o, false)
+		_, p, _, err := m.watchOnce(ctx, sw, o, false, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,7 +354,7 @@ func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
 		} else {
 			fc.dev.Peers[0].TransmitBytes = 148 // the re-created peer's initiation, unanswered
 		}
-		if _, _, _, err := m.watchOnce(ctx, sw, o, false); err != nil {
+		if _, _, _, err := m.watchOnce(ctx, sw, o, false, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		clk.Step(100 * time.Millisecond)

@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -112,12 +113,14 @@ type Manager struct {
 	// unresolved are the endpoints the last apply could not resolve.
 	unresolved []UnresolvedEndpoint
 	// writes counts this process's writes to the device (configure): a
-	// reading taken across one is not offered to the watch.
-	writes uint64
-	// offer is the last reading Stats took, for the watch to use as its
-	// own (offer.go); offered wakes the watch for it.
-	offer   *offer
+	// reading taken across one is not offered to the watch. Atomic, so
+	// Stats never waits for mu.
+	writes atomic.Uint64
+	// offered wakes the watch for the reading Stats last took (offer.go).
 	offered chan struct{}
+	// offerMu guards offer and watchClock (never held with mu's work).
+	offerMu sync.Mutex
+	offer   *offer
 	// watchClock stamps offered readings; nil until Watch runs (no offer
 	// is kept before).
 	watchClock clock.Clock
@@ -292,14 +295,19 @@ func (m *Manager) Stats(ctx context.Context) (DeviceStats, error) {
 	if err := ctx.Err(); err != nil {
 		return DeviceStats{}, err
 	}
-	m.mu.Lock()
-	writes := m.writes
-	m.mu.Unlock()
+	clk := m.offerClock()
+	writes := m.writes.Load()
+	var at time.Time
+	if clk != nil {
+		at = clk.Now()
+	}
 	d, err := m.client.Device(m.iface)
 	if err != nil {
 		return DeviceStats{}, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 	}
-	m.keepOffer(d, writes)
+	if clk != nil {
+		m.keepOffer(d, at, writes)
+	}
 	return StatsFromDevice(d), nil
 }
 
