@@ -38,9 +38,12 @@ type offer struct {
 	writes uint64
 }
 
-// configure writes cfg to the device; the caller holds m.mu.
+// configure writes cfg to the device; the caller holds m.mu. writes is
+// odd while the write goes out (a sequence lock): a reading begun then
+// may be the device before it, and is not offered.
 func (m *Manager) configure(cfg wgtypes.Config) error {
 	m.writes.Add(1)
+	defer m.writes.Add(1)
 	return m.client.ConfigureDevice(m.iface, cfg)
 }
 
@@ -53,10 +56,10 @@ func (m *Manager) offerClock() clock.Clock {
 }
 
 // keepOffer keeps d, whose read began at with m.writes at writes, for the
-// watch, if nothing was written since.
+// watch, if no write was going out then nor since.
 func (m *Manager) keepOffer(d *wgtypes.Device, at time.Time, writes uint64) {
 	m.offerMu.Lock()
-	if m.writes.Load() != writes {
+	if writes%2 != 0 || m.writes.Load() != writes {
 		m.offerMu.Unlock()
 		return
 	}

@@ -131,6 +131,24 @@ func TestOfferAcrossAWrite(t *testing.T) {
 		t.Errorf("a reading begun when the watch last read was taken as newer")
 	}
 
+	// A reading begun while a write goes out (configure's first half),
+	// kept after it: the device before the write, not offered.
+	m.writes.Add(1)
+	inFlight := m.writes.Load()
+	m.writes.Add(1)
+	m.keepOffer(d, t0, inFlight)
+	if of := m.takeOffer(t0.Add(-time.Second)); of != nil {
+		t.Errorf("a reading begun during a write was offered")
+	}
+	m.writes.Add(1)
+	if _, err := m.Stats(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if of := m.takeOffer(t0.Add(-time.Second)); of != nil {
+		t.Errorf("Stats offered a reading taken while a write was going out")
+	}
+	m.writes.Add(1)
+
 	// Stats while an apply holds mu (resolving a name): it reads anyway.
 	m.mu.Lock()
 	done := make(chan error, 1)

@@ -112,9 +112,9 @@ type Manager struct {
 	handshakes map[wgtypes.Key]struct{}
 	// unresolved are the endpoints the last apply could not resolve.
 	unresolved []UnresolvedEndpoint
-	// writes counts this process's writes to the device (configure): a
-	// reading taken across one is not offered to the watch. Atomic, so
-	// Stats never waits for mu.
+	// writes counts this process's writes to the device twice, as they
+	// begin and end (configure): a reading taken across or during one is
+	// not offered to the watch. Atomic, so Stats never waits for mu.
 	writes atomic.Uint64
 	// offered wakes the watch for the reading Stats last took (offer.go).
 	offered chan struct{}
