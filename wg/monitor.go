@@ -27,9 +27,9 @@ type WatchOptions struct {
 	// Sessions enables the half-dead session rule for peers with a
 	// SessionProbe: while there are any, their counters are read every
 	// SessionInterval (default 100 ms) after a read that saw one of them
-	// carry a flow (more than FlowRate), every FastInterval (default 50 ms) while one has
-	// traffic going unanswered, so a half-dead session is settled within a
-	// second, and every QuietInterval (default 1 s) after a read that saw
+	// carry a flow (more than FlowRate), every FastInterval (default 50 ms)
+	// while one has traffic going unanswered, so a half-dead session is
+	// settled within a second, and every QuietInterval (default 1 s) after a read that saw
 	// them all quiet or carrying less (a health probe's echo): a quiet
 	// session has nothing to detect, and its first packet into a half-dead
 	// session is seen within that. A reading Stats took (the health
@@ -266,8 +266,7 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	}
 	if cur == nil {
 		cur, err = m.client.Device(m.iface)
-		at = o.Clock.Now()
-		m.dropOffer() // one begun before this read is older
+		at = o.Clock.Now() // an offer begun before it is older: takeOffer(since)
 		if err != nil {
 			return false, nil, at, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 		}

@@ -84,10 +84,3 @@ func (m *Manager) takeOffer(since time.Time) *offer {
 	}
 	return o
 }
-
-// dropOffer forgets an offer older than a read the watch just took.
-func (m *Manager) dropOffer() {
-	m.offerMu.Lock()
-	m.offer = nil
-	m.offerMu.Unlock()
-}
