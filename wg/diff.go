@@ -2,6 +2,7 @@ package wg
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"slices"
@@ -332,7 +333,7 @@ func newApplied(in DiffInput, port int) *appliedState {
 // it at position i or elsewhere.
 func (a *appliedState) lookup(i int, key wgtypes.Key) *appliedPeer {
 	if i < len(a.order) {
-		if p := a.order[i]; p != nil && !p.removed && p.PublicKey == key {
+		if p := a.order[i]; p != nil && !p.removed && sameKey(&p.PublicKey, &key) {
 			return p
 		}
 	}
@@ -368,6 +369,15 @@ func (a *appliedState) remove(k wgtypes.Key) {
 	}
 }
 
+// sameKey is a == b as four word compares: the compiler calls memequal
+// for a 32-byte array, which costs a one-peer apply a tenth of its
+// per-peer time on a large device (docs/performance.md#apply).
+func sameKey(a, b *wgtypes.Key) bool {
+	le := binary.LittleEndian
+	return le.Uint64(a[0:]) == le.Uint64(b[0:]) && le.Uint64(a[8:]) == le.Uint64(b[8:]) &&
+		le.Uint64(a[16:]) == le.Uint64(b[16:]) && le.Uint64(a[24:]) == le.Uint64(b[24:])
+}
+
 // input is the applied state as a DiffInput, to compare a device read with
 // (drift) by the same rules as an apply.
 func (a *appliedState) input(last, names map[wgtypes.Key]string) DiffInput {
@@ -379,13 +389,26 @@ func (a *appliedState) input(last, names map[wgtypes.Key]string) DiffInput {
 	return in
 }
 
+// planInput is a plan as diffApplied takes it: the planned peers as the
+// caller gave them, and how to resolve one. Resolve is called only for
+// the peers that are not settled (settled), so an apply resolves and
+// copies what changed, whatever the size of the device.
+type planInput struct {
+	PrivateKey    wgtypes.Key
+	ListenPort    int // 0 = leave as is
+	Peers         []PeerSpec
+	LastEndpoints map[wgtypes.Key]string
+	// Resolve resolves p's endpoint; prev is p as applied (nil: new).
+	Resolve func(p PeerSpec, prev *appliedPeer) ResolvedPeer
+}
+
 // appliedDiff is the result of diffApplied.
 type appliedDiff struct {
 	cfg wgtypes.Config
 	rep Report
-	// changed are the indexes of the planned peers that differ in any way
+	// changed are the planned peers, resolved, that differ in any way
 	// from what was applied (new ones too): only they need remembering.
-	changed []int
+	changed []ResolvedPeer
 	// needRead: the memory cannot decide, read the device (Diff).
 	needRead bool
 }
@@ -402,10 +425,10 @@ type appliedDiff struct {
 //     moved (a packet from a new source) is not seen here; the watch's
 //     device read finds it as drift.
 //
-// It does no I/O and costs a map lookup and a comparison per planned peer;
-// nothing is allocated for a peer that did not change. It only advances
-// a's pass marks.
-func diffApplied(in DiffInput, a *appliedState) appliedDiff {
+// It does no I/O but in.Resolve, and costs a lookup and a comparison per
+// planned peer; nothing is copied or allocated for a peer that is settled.
+// It only advances a's pass marks.
+func diffApplied(in planInput, a *appliedState) appliedDiff {
 	var r appliedDiff
 	if in.PrivateKey != (wgtypes.Key{}) && in.PrivateKey != a.privateKey {
 		k := in.PrivateKey
@@ -424,8 +447,8 @@ func diffApplied(in DiffInput, a *appliedState) appliedDiff {
 		a.order = slices.Grow(a.order[:0], len(in.Peers))[:len(in.Peers)]
 	}
 	for i := range in.Peers {
-		d := &in.Peers[i]
-		key := d.PublicKey
+		s := &in.Peers[i]
+		key := s.PublicKey
 		prev := a.lookup(i, key)
 		a.order[i] = prev
 		switch {
@@ -434,7 +457,11 @@ func diffApplied(in DiffInput, a *appliedState) appliedDiff {
 		case prev != nil:
 			prev.seen = a.epoch
 			planned++
+			if settled(s, prev) {
+				continue
+			}
 		}
+		d := in.Resolve(*s, prev)
 		if d.ResolveErr != nil {
 			r.rep.Unresolved = append(r.rep.Unresolved, UnresolvedEndpoint{
 				Name: d.Name, PublicKey: key, Endpoint: d.Endpoint, Error: d.ResolveErr.Error(),
@@ -445,16 +472,16 @@ func diffApplied(in DiffInput, a *appliedState) appliedDiff {
 				added = map[wgtypes.Key]bool{}
 			}
 			added[key] = true
-			r.changed = append(r.changed, i)
-			r.cfg.Peers = append(r.cfg.Peers, newPeerConfig(*d))
+			r.changed = append(r.changed, d)
+			r.cfg.Peers = append(r.cfg.Peers, newPeerConfig(d))
 			r.rep.Added = append(r.rep.Added, PeerChange{Name: d.Name, PublicKey: key})
 			continue
 		}
-		if sameSpec(d, prev) {
+		if sameSpec(&d, prev) {
 			continue
 		}
-		r.changed = append(r.changed, i)
-		pc, fields, read := updateApplied(d, prev, in.LastEndpoints)
+		r.changed = append(r.changed, d)
+		pc, fields, read := updateApplied(&d, prev, in.LastEndpoints)
 		if read {
 			return appliedDiff{needRead: true}
 		}
@@ -479,12 +506,23 @@ func diffApplied(in DiffInput, a *appliedState) appliedDiff {
 	return r
 }
 
+// settled reports whether s, as planned, is what was applied as p with
+// nothing to resolve: its endpoint is none or the same literal address,
+// and the last resolution did not fail. Then sameSpec would hold after
+// resolving, so s is neither resolved nor copied.
+func settled(s *PeerSpec, p *appliedPeer) bool {
+	return p.ResolveErr == nil && (s.Endpoint == "" || p.literal) && s.Endpoint == p.Endpoint && s.Name == p.Name &&
+		s.PersistentKeepalive == p.PersistentKeepalive && s.Roaming == p.Roaming &&
+		s.SessionProbe == p.SessionProbe && samePSK(s.PresharedKey, p.PresharedKey) &&
+		slices.Equal(s.AllowedIPs, p.AllowedIPs)
+}
+
 // sameSpec reports whether d is exactly what was applied as p: then
 // nothing is to be written nor remembered.
 func sameSpec(d *ResolvedPeer, p *appliedPeer) bool {
 	return d.ResolveErr == nil && p.ResolveErr == nil && d.Name == p.Name && d.Endpoint == p.Endpoint &&
 		sameUDPAddr(d.Addr, p.Addr) && d.PersistentKeepalive == p.PersistentKeepalive && d.Roaming == p.Roaming &&
-		d.SessionProbe == p.SessionProbe && pskOf(d.PresharedKey) == pskOf(p.PresharedKey) &&
+		d.SessionProbe == p.SessionProbe && samePSK(d.PresharedKey, p.PresharedKey) &&
 		slices.Equal(d.AllowedIPs, p.AllowedIPs)
 }
 
@@ -517,12 +555,22 @@ func updateApplied(d *ResolvedPeer, p *appliedPeer, last map[wgtypes.Key]string)
 		pc.AllowedIPs = toIPNets(d.AllowedIPs)
 		fields = append(fields, FieldAllowedIPs)
 	}
-	if pskOf(d.PresharedKey) != pskOf(p.PresharedKey) {
+	if !samePSK(d.PresharedKey, p.PresharedKey) {
 		want := pskOf(d.PresharedKey)
 		pc.PresharedKey = &want // the zero key removes it
 		fields = append(fields, FieldPresharedKey)
 	}
 	return pc, fields, false
+}
+
+// samePSK compares two preshared keys, nil being the zero key. Most peers
+// have none: two nils are equal without comparing 64 bytes (a one-peer
+// apply compares every planned peer's, docs/performance.md#apply).
+func samePSK(a, b *wgtypes.Key) bool {
+	if a == b {
+		return true
+	}
+	return pskOf(a) == pskOf(b)
 }
 
 func pskOf(k *wgtypes.Key) wgtypes.Key {

@@ -263,8 +263,12 @@ func TestDiffAppliedFollowsPlanOrder(t *testing.T) {
 		{"re-added where its removed self is cached", []ResolvedPeer{a2, c, b2}, want{added: []string{"b"}}},
 		{"settled", []ResolvedPeer{a2, c, b2}, want{}},
 	} {
-		in := DiffInput{ListenPort: 51820, Peers: step.peers}
-		d := diffApplied(in, mem)
+		specs := make([]PeerSpec, len(step.peers))
+		for i, p := range step.peers {
+			specs[i] = p.PeerSpec
+		}
+		d := diffApplied(planInput{ListenPort: 51820, Peers: specs,
+			Resolve: func(p PeerSpec, _ *appliedPeer) ResolvedPeer { return ResolvedPeer{PeerSpec: p} }}, mem)
 		if d.needRead {
 			t.Fatalf("%s: needRead", step.name)
 		}
@@ -276,8 +280,78 @@ func TestDiffAppliedFollowsPlanOrder(t *testing.T) {
 		for _, r := range d.rep.Removed {
 			mem.remove(r.PublicKey)
 		}
-		for _, i := range d.changed {
-			mem.set(in.Peers[i])
+		for _, p := range d.changed {
+			mem.set(p)
+		}
+	}
+}
+
+// TestDiffAppliedResolvesOnlyUnsettled: an apply against memory resolves
+// (and copies) only the peers that are not settled — new, changed, a host
+// name (re-resolved every apply, and so one whose resolution failed) — so a
+// one-peer change costs one resolution on any size of device.
+func TestDiffAppliedResolvesOnlyUnsettled(t *testing.T) {
+	spec := func(name string, k byte, endpoint string, ips ...string) PeerSpec {
+		return PeerSpec{Name: name, PublicKey: testKey(k), Endpoint: endpoint, AllowedIPs: pfx(ips...)}
+	}
+	lit := spec("lit", 1, "192.0.2.1:51820", "10.0.1.0/24")
+	none := spec("none", 2, "", "10.0.2.0/24")
+	host := spec("host", 3, "node.example:51820", "10.0.3.0/24")
+	flaky := spec("flaky", 4, "flaky.example:51820", "10.0.4.0/24")
+	none2 := none
+	lit2 := lit
+	lit2.Endpoint = "192.0.2.2:51820"
+	none2.PersistentKeepalive = 25 * time.Second
+	failing := true
+	resolve := func(p PeerSpec, prev *appliedPeer) ResolvedPeer {
+		r := ResolvedPeer{PeerSpec: p}
+		switch {
+		case p.Endpoint == "":
+		case p.Endpoint == flaky.Endpoint && failing:
+			r.ResolveErr = errors.New("no such host")
+		case p.Endpoint == lit.Endpoint, p.Endpoint == lit2.Endpoint:
+			r.Addr, r.literal = net.UDPAddrFromAddrPort(netip.MustParseAddrPort(p.Endpoint)), true
+			if prev != nil && prev.literal && prev.Endpoint == p.Endpoint {
+				r.Addr = prev.Addr
+			}
+		default:
+			r.Addr = net.UDPAddrFromAddrPort(netip.MustParseAddrPort("192.0.2.9:51820"))
+		}
+		return r
+	}
+	var first []ResolvedPeer
+	for _, p := range []PeerSpec{lit, none, host, flaky} {
+		first = append(first, resolve(p, nil))
+	}
+	mem := newApplied(DiffInput{ListenPort: 51820, Peers: first}, 51820)
+	for _, step := range []struct {
+		name     string
+		peers    []PeerSpec
+		recovers bool
+		want     []string // resolved, in plan order
+	}{
+		{"host names only", []PeerSpec{lit, none, host, flaky}, false, []string{"host", "flaky"}},
+		{"one changed", []PeerSpec{lit, none2, host, flaky}, false, []string{"none", "host", "flaky"}},
+		{"resolution recovers", []PeerSpec{lit, none2, host, flaky}, true, []string{"host", "flaky"}},
+		{"settled but the host names", []PeerSpec{lit, none2, host, flaky}, true, []string{"host", "flaky"}},
+		{"reordered", []PeerSpec{flaky, host, none2, lit}, true, []string{"flaky", "host"}},
+		{"literal changed", []PeerSpec{flaky, host, none2, lit2}, true, []string{"flaky", "host", "lit"}},
+	} {
+		failing = !step.recovers
+		var got []string
+		d := diffApplied(planInput{ListenPort: 51820, Peers: step.peers, LastEndpoints: map[wgtypes.Key]string{},
+			Resolve: func(p PeerSpec, prev *appliedPeer) ResolvedPeer {
+				got = append(got, p.Name)
+				return resolve(p, prev)
+			}}, mem)
+		if d.needRead {
+			t.Fatalf("%s: needRead", step.name)
+		}
+		if !reflect.DeepEqual(got, step.want) {
+			t.Fatalf("%s: resolved %v, want %v", step.name, got, step.want)
+		}
+		for _, p := range d.changed {
+			mem.set(p)
 		}
 	}
 }

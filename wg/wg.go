@@ -172,33 +172,36 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
-	peers := m.resolve(ctx, desired.Peers)
-	if err := ctx.Err(); err != nil {
-		return Report{}, fmt.Errorf("wg: apply %s: %w", m.iface, err)
-	}
-	m.unresolved = m.unresolved[:0]
-	for _, p := range peers {
-		if p.ResolveErr != nil {
-			m.unresolved = append(m.unresolved, UnresolvedEndpoint{Name: p.Name, PublicKey: p.PublicKey, Endpoint: p.Endpoint, Error: p.ResolveErr.Error()})
-		}
-	}
-	in := DiffInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: peers, LastEndpoints: m.lastEndpoints, Names: m.names}
 	var d appliedDiff
 	read := m.applied == nil || m.stale
 	if !read {
-		d = diffApplied(in, m.applied)
+		// Only the peers that differ from what was applied are resolved
+		// and copied (diffApplied): the rest cost a comparison each.
+		d = diffApplied(planInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: desired.Peers,
+			LastEndpoints: m.lastEndpoints, Resolve: func(p PeerSpec, prev *appliedPeer) ResolvedPeer {
+				return m.resolvePeer(ctx, p, prev)
+			}}, m.applied)
 		read = d.needRead
 	}
+	var in DiffInput
 	cfg, rep := d.cfg, d.rep
 	port := 0
 	if read {
+		in = DiffInput{PrivateKey: m.key, ListenPort: desired.ListenPort, Peers: m.resolve(ctx, desired.Peers),
+			LastEndpoints: m.lastEndpoints, Names: m.names}
+		if err := ctx.Err(); err != nil {
+			return Report{}, fmt.Errorf("wg: apply %s: %w", m.iface, err)
+		}
 		cur, err := m.client.Device(m.iface)
 		if err != nil {
 			return Report{}, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 		}
 		cfg, rep = Diff(in, cur)
 		port = cur.ListenPort
+	} else if err := ctx.Err(); err != nil {
+		return Report{}, fmt.Errorf("wg: apply %s: %w", m.iface, err)
 	}
+	m.unresolved = append(m.unresolved[:0], rep.Unresolved...)
 	rep.Interface = m.iface
 	if rep.Changed() {
 		if err := m.configure(cfg); err != nil {
@@ -207,7 +210,11 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 			return Report{}, fmt.Errorf("wg: configure device %s (%d peers): %w", m.iface, rep.PeersTouched(), err)
 		}
 	}
-	m.remember(in, rep, d.changed, read, port)
+	if read {
+		m.rememberRead(in, rep, port)
+	} else {
+		m.rememberChanged(desired.ListenPort, rep, d.changed)
+	}
 	m.noteHandshakes(rep.Added)
 
 	if rep.Changed() {
@@ -228,55 +235,63 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 	return rep, nil
 }
 
-// remember records a successful apply of in. After a device read the
-// memory is rebuilt (the device had what it had); otherwise only the
-// changed peers (indexes into in.Peers) are written over and the removed
-// ones forgotten, so an apply costs nothing for the peers that did not
-// change. Peers whose endpoint did not resolve keep their endpoint memory,
-// so a later successful resolution counts as a change only if the string
-// changed.
-func (m *Manager) remember(in DiffInput, rep Report, changed []int, read bool, port int) {
+// rememberRead records a successful apply of in after a device read: the
+// memory is rebuilt (the device had what it had). Peers whose endpoint did
+// not resolve keep their endpoint memory, so a later successful resolution
+// counts as a change only if the string changed.
+func (m *Manager) rememberRead(in DiffInput, rep Report, port int) {
 	probes := 0
 	if m.applied != nil {
 		probes = m.applied.probes
 	}
-	if read {
-		names := make(map[wgtypes.Key]string, len(in.Peers))
-		last := make(map[wgtypes.Key]string, len(in.Peers))
-		for _, p := range in.Peers {
-			names[p.PublicKey] = p.Name
-			if p.ResolveErr == nil {
-				last[p.PublicKey] = p.Endpoint
-			} else if prev, ok := m.lastEndpoints[p.PublicKey]; ok {
-				last[p.PublicKey] = prev
-			}
-		}
-		m.names, m.lastEndpoints = names, last
-		m.applied, m.stale = newApplied(in, port), false
-	} else {
-		for _, r := range rep.Removed {
-			delete(m.names, r.PublicKey)
-			delete(m.lastEndpoints, r.PublicKey)
-			m.applied.remove(r.PublicKey)
-		}
-		for _, i := range changed {
-			p := in.Peers[i]
-			m.names[p.PublicKey] = p.Name
-			if p.ResolveErr == nil {
-				m.lastEndpoints[p.PublicKey] = p.Endpoint
-			}
-			m.applied.set(p)
-		}
-		m.applied.privateKey = in.PrivateKey
-		if in.ListenPort != 0 {
-			m.applied.listenPort = in.ListenPort
+	names := make(map[wgtypes.Key]string, len(in.Peers))
+	last := make(map[wgtypes.Key]string, len(in.Peers))
+	for _, p := range in.Peers {
+		names[p.PublicKey] = p.Name
+		if p.ResolveErr == nil {
+			last[p.PublicKey] = p.Endpoint
+		} else if prev, ok := m.lastEndpoints[p.PublicKey]; ok {
+			last[p.PublicKey] = prev
 		}
 	}
-	if rep.Changed() || m.applied.probes != probes {
-		select {
-		case m.changed <- struct{}{}:
-		default:
+	m.names, m.lastEndpoints = names, last
+	m.applied, m.stale = newApplied(in, port), false
+	m.wakeWatch(rep.Changed() || m.applied.probes != probes)
+}
+
+// rememberChanged records a successful apply against memory: only the
+// changed peers are written over and the removed ones forgotten, so an
+// apply costs nothing for the peers that did not change.
+func (m *Manager) rememberChanged(listenPort int, rep Report, changed []ResolvedPeer) {
+	probes := m.applied.probes
+	for _, r := range rep.Removed {
+		delete(m.names, r.PublicKey)
+		delete(m.lastEndpoints, r.PublicKey)
+		m.applied.remove(r.PublicKey)
+	}
+	for _, p := range changed {
+		m.names[p.PublicKey] = p.Name
+		if p.ResolveErr == nil {
+			m.lastEndpoints[p.PublicKey] = p.Endpoint
 		}
+		m.applied.set(p)
+	}
+	m.applied.privateKey = m.key
+	if listenPort != 0 {
+		m.applied.listenPort = listenPort
+	}
+	m.wakeWatch(rep.Changed() || m.applied.probes != probes)
+}
+
+// wakeWatch wakes the watch when an apply changed what it watches (the
+// device, or whether any peer is under the half-dead rule).
+func (m *Manager) wakeWatch(changed bool) {
+	if !changed {
+		return
+	}
+	select {
+	case m.changed <- struct{}{}:
+	default:
 	}
 }
 
@@ -357,23 +372,32 @@ func (m *Manager) resolve(ctx context.Context, peers []PeerSpec) []ResolvedPeer 
 	out := slices.Grow(m.resolved[:0], len(peers))[:len(peers)]
 	m.resolved = out
 	for i, p := range peers {
-		out[i] = ResolvedPeer{PeerSpec: p}
-		if p.Endpoint == "" {
-			continue
-		}
+		var prev *appliedPeer
 		if m.applied != nil {
-			if prev := m.applied.lookup(i, p.PublicKey); prev != nil && prev.literal && prev.Endpoint == p.Endpoint {
-				out[i].Addr, out[i].literal = prev.Addr, true
-				continue
-			}
+			prev = m.applied.lookup(i, p.PublicKey)
 		}
-		addr, literal, err := resolveEndpoint(ctx, m.resolver, p.Endpoint)
-		if err != nil {
-			out[i].ResolveErr = err
-			continue
-		}
-		out[i].Addr, out[i].literal = addr, literal
+		out[i] = m.resolvePeer(ctx, p, prev)
 	}
+	return out
+}
+
+// resolvePeer resolves p's endpoint; prev is p as last applied (nil: none),
+// whose address is reused while a literal endpoint stays the same.
+func (m *Manager) resolvePeer(ctx context.Context, p PeerSpec, prev *appliedPeer) ResolvedPeer {
+	out := ResolvedPeer{PeerSpec: p}
+	if p.Endpoint == "" {
+		return out
+	}
+	if prev != nil && prev.literal && prev.Endpoint == p.Endpoint {
+		out.Addr, out.literal = prev.Addr, true
+		return out
+	}
+	addr, literal, err := resolveEndpoint(ctx, m.resolver, p.Endpoint)
+	if err != nil {
+		out.ResolveErr = err
+		return out
+	}
+	out.Addr, out.literal = addr, literal
 	return out
 }
 
