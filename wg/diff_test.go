@@ -301,13 +301,17 @@ func TestDiffAppliedResolvesOnlyUnsettled(t *testing.T) {
 	none2 := none
 	lit2 := lit
 	lit2.Endpoint = "192.0.2.2:51820"
+	litBad := lit
+	litBad.Endpoint = "192.0.2.2:0"
 	none2.PersistentKeepalive = 25 * time.Second
+	none3 := none2
+	none3.Name = "none-renamed"
 	failing := true
 	resolve := func(p PeerSpec, prev *appliedPeer) ResolvedPeer {
 		r := ResolvedPeer{PeerSpec: p}
 		switch {
 		case p.Endpoint == "":
-		case p.Endpoint == flaky.Endpoint && failing:
+		case p.Endpoint == flaky.Endpoint && failing, p.Endpoint == litBad.Endpoint:
 			r.ResolveErr = errors.New("no such host")
 		case p.Endpoint == lit.Endpoint, p.Endpoint == lit2.Endpoint:
 			r.Addr, r.literal = net.UDPAddrFromAddrPort(netip.MustParseAddrPort(p.Endpoint)), true
@@ -336,6 +340,11 @@ func TestDiffAppliedResolvesOnlyUnsettled(t *testing.T) {
 		{"settled but the host names", []PeerSpec{lit, none2, host, flaky}, true, []string{"host", "flaky"}},
 		{"reordered", []PeerSpec{flaky, host, none2, lit}, true, []string{"flaky", "host"}},
 		{"literal changed", []PeerSpec{flaky, host, none2, lit2}, true, []string{"flaky", "host", "lit"}},
+		{"literal fails", []PeerSpec{flaky, host, none2, litBad}, true, []string{"flaky", "host", "lit"}},
+		// The memory kept lit2's address, but the last resolution failed.
+		{"literal as before the failure", []PeerSpec{flaky, host, none2, lit2}, true, []string{"flaky", "host", "lit"}},
+		{"settled literal", []PeerSpec{flaky, host, none2, lit2}, true, []string{"flaky", "host"}},
+		{"renamed", []PeerSpec{flaky, host, none3, lit2}, true, []string{"flaky", "host", "none-renamed"}},
 	} {
 		failing = !step.recovers
 		var got []string
