@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/sessions"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
-	"github.com/meshlet/meshlet/wg"
 )
 
 // The images of Kilo's DaemonSet before and after the switch (only their
@@ -430,8 +430,8 @@ func TestRollingSwitch(t *testing.T) {
 // REKEY_TIMEOUT, or 15 s), which is what this test is there to catch. (It
 // was 1 s, the single repair's figure, 0.6–0.7 s, which a retry exceeds by
 // design.)
-var maxSwitchGap = wg.DefaultSessionPolicy.SuspectAfter + wg.DefaultSessionPolicy.ProbeTimeout +
-	wg.DefaultSessionPolicy.RetryAfter + 500*time.Millisecond
+var maxSwitchGap = sessions.DefaultPolicy.SuspectAfter + sessions.DefaultPolicy.ProbeTimeout +
+	sessions.DefaultPolicy.RetryAfter + 500*time.Millisecond
 
 func pct(a, b int) float64 {
 	if b == 0 {

@@ -590,7 +590,8 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var repairs atomic.Int32
-			p.a.mgr.Watch(ctx, WatchOptions{
+			// The agent's loop judges what the watch saw and acts.
+			signals := p.a.mgr.Watch(ctx, WatchOptions{
 				Interval: 250 * time.Millisecond, FastInterval: 50 * time.Millisecond, Sessions: tc.sessions,
 				// The agent probes from its own namespace; here that is A's.
 				Probe: func(ctx context.Context, a netip.Addr) error {
@@ -601,6 +602,7 @@ func TestHalfDeadSessionRepaired(t *testing.T) {
 				},
 				OnRepair: func(string) { repairs.Add(1) },
 			})
+			go loopSessions(ctx, p.a.mgr, signals)
 
 			// A pings B every 20 ms; B rewrites its device once.
 			pings := startPinger(t, p.a.ns, "10.4.0.2")

@@ -272,7 +272,7 @@ func TestManagerDrifted(t *testing.T) {
 	}
 	drifted := func() bool {
 		t.Helper()
-		d, _, _, err := m.watchOnce(ctx, &sessionWatch{policy: DefaultSessionPolicy}, WatchOptions{}.withDefaults(), false, time.Time{})
+		d, _, err := m.watchOnce(ctx, WatchOptions{}.withDefaults(), false, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,6 @@ package wg
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"time"
@@ -24,23 +23,23 @@ type WatchOptions struct {
 	// (default 30 s, Kilo's resync), for what no feed reports: WireGuard
 	// moving a non-roaming peer's endpoint to a packet's source.
 	Backstop time.Duration
-	// Sessions enables the half-dead session rule for peers with a
-	// SessionProbe: while there are any, their counters are read every
-	// SessionInterval (default 100 ms) after a read that saw one of them
-	// carry a flow (more than FlowRate), every FastInterval (default 50 ms)
-	// while one has traffic going unanswered, so a half-dead session is
-	// settled within a second, and every QuietInterval (default 1 s) after a read that saw
-	// them all quiet or carrying less (a health probe's echo): a quiet
-	// session has nothing to detect, and its first packet into a half-dead
-	// session is seen within that. A reading Stats took (the health
-	// probes') stands in for a slow one (offer.go), and after one the next
-	// comes up to a quarter interval later. Probe sends the
-	// probe (ICMP echo).
+	// Sessions watches the sessions of peers with a SessionProbe for the
+	// half-dead rule (session.go): while there are any, their counters are
+	// read every SessionInterval (default 100 ms) after a read that saw one
+	// of them carry a flow (more than FlowRate), every FastInterval
+	// (default 50 ms) while one has traffic going unanswered or the plan
+	// waits for a reading (SessionActs.Recheck), so a half-dead session is
+	// settled within a second, and every QuietInterval (default 1 s) after
+	// a read that saw them all quiet or carrying less (a health probe's
+	// echo): a quiet session has nothing to detect, and its first packet
+	// into a half-dead session is seen within that. A reading Stats took
+	// (the health probes') stands in for a slow one (offer.go), and after
+	// one the next comes up to a quarter interval later. Probe sends the
+	// probes ActOnSessions is told to send (ICMP echo).
 	Sessions        bool
 	SessionInterval time.Duration
 	FastInterval    time.Duration
 	QuietInterval   time.Duration
-	Policy          SessionPolicy
 	Probe           func(ctx context.Context, addr netip.Addr) error
 	// OnRepair is called for every session re-established (metrics).
 	OnRepair func(peer string)
@@ -69,9 +68,6 @@ func (o WatchOptions) withDefaults() WatchOptions {
 		o.QuietInterval = time.Second
 	}
 	o.QuietInterval = max(o.QuietInterval, o.SessionInterval)
-	if o.Policy == (SessionPolicy{}) {
-		o.Policy = DefaultSessionPolicy
-	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -99,13 +95,15 @@ func (m *Manager) Watch(ctx context.Context, o WatchOptions) <-chan struct{} {
 	m.offerMu.Lock()
 	m.watchClock = o.Clock
 	m.offerMu.Unlock()
+	m.mu.Lock()
+	m.probe, m.onRepair = o.Probe, o.OnRepair
+	m.mu.Unlock()
 	out := make(chan struct{}, 1)
 	go m.watch(ctx, o, out)
 	return out
 }
 
 func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}) {
-	sw := &sessionWatch{policy: o.Policy}
 	self := os.Getpid()
 	var feed *changeSub
 	defer func() {
@@ -132,13 +130,13 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 		if now := m.readMode(feed != nil); now != mode {
 			mode = now
 			m.log.Info("watching the WireGuard device for changes made behind meshlet's back", "interface", m.iface,
-				"how", mode, "read", m.readInterval(feed != nil, cost, sw, o).String())
+				"how", mode, "read", m.readInterval(feed != nil, cost, o).String())
 		}
 		var feedC <-chan int
 		if feed != nil {
 			feedC = feed.C
 		}
-		interval := m.readInterval(feed != nil, cost, sw, o)
+		interval := m.readInterval(feed != nil, cost, o)
 		due := interval
 		slow := interval > o.SessionInterval && interval <= o.QuietInterval
 		if lastOffered && slow {
@@ -182,7 +180,7 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 			}
 		}
 		start := o.Clock.Now()
-		drifted, probes, at, err := m.watchOnce(ctx, sw, o, offered, lastRead)
+		wake, at, err := m.watchOnce(ctx, o, offered, lastRead)
 		if at.IsZero() {
 			continue // the offer was stale: the timer decides again
 		}
@@ -190,29 +188,26 @@ func (m *Manager) watch(ctx context.Context, o WatchOptions, out chan<- struct{}
 		if !offered {
 			cost = o.Clock.Now().Sub(start)
 		}
-		if drifted || (err != nil && ctx.Err() == nil) {
+		if wake || (err != nil && ctx.Err() == nil) {
 			signal()
-		}
-		for _, a := range probes {
-			if err := o.Probe(ctx, a); err != nil && ctx.Err() == nil {
-				m.log.Warn("probing a WireGuard session failed", "interface", m.iface, "address", a.String(), "error", err)
-			}
 		}
 	}
 }
 
 // readInterval is the time from one read to the next.
-func (m *Manager) readInterval(fed bool, cost time.Duration, sw *sessionWatch, o WatchOptions) time.Duration {
+func (m *Manager) readInterval(fed bool, cost time.Duration, o WatchOptions) time.Duration {
 	d := o.Backstop
 	if !fed {
 		d = min(max(o.Interval, time.Duration(float64(cost)/o.ReadShare)), o.Backstop)
 	}
-	if o.Sessions && m.watchesSessions() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if o.Sessions && m.applied != nil && m.applied.probes > 0 {
 		s := o.QuietInterval
 		switch {
-		case sw.pending():
+		case m.sessions.pending():
 			s = o.FastInterval
-		case sw.active:
+		case m.sessions.active:
 			s = o.SessionInterval
 		}
 		d = min(d, s)
@@ -228,12 +223,6 @@ func (m *Manager) readMode(fed bool) string {
 	return "periodic device read"
 }
 
-func (m *Manager) watchesSessions() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.applied != nil && m.applied.probes > 0
-}
-
 // subscribe is subscribeChanges for the managed device (tests replace it).
 func (m *Manager) subscribe() (*changeSub, error) {
 	if m.subscribeFn != nil {
@@ -244,12 +233,13 @@ func (m *Manager) subscribe() (*changeSub, error) {
 
 // watchOnce reads the device once, or takes the reading Stats offered
 // (offered: one begun after since, the watch's last reading; none usable:
-// at is zero): drift against the last apply, and the session rule,
-// re-establishing half-dead sessions in place. It returns the addresses to
-// probe and when the reading was taken.
-func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOptions, offered bool, since time.Time) (drifted bool, probes []netip.Addr, at time.Time, err error) {
+// at is zero): drift against the last apply, and the watched sessions'
+// counters (session.go). It reports whether the loop should run — drift,
+// or a reading the half-dead rule should judge — and when the reading was
+// taken.
+func (m *Manager) watchOnce(ctx context.Context, o WatchOptions, offered bool, since time.Time) (wake bool, at time.Time, err error) {
 	if err := ctx.Err(); err != nil {
-		return false, nil, o.Clock.Now(), err
+		return false, o.Clock.Now(), err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -257,80 +247,42 @@ func (m *Manager) watchOnce(ctx context.Context, sw *sessionWatch, o WatchOption
 	if offered {
 		of := m.takeOffer(since)
 		if of == nil {
-			return false, nil, time.Time{}, nil
+			return false, time.Time{}, nil
 		}
 		cur, at = of.dev, of.at
 	}
 	if m.applied == nil {
-		return false, nil, o.Clock.Now(), nil
+		return false, o.Clock.Now(), nil
 	}
 	if cur == nil {
 		cur, err = m.client.Device(m.iface)
 		at = o.Clock.Now() // an offer begun before it is older: takeOffer(since)
 		if err != nil {
-			return false, nil, at, fmt.Errorf("wg: read device %s: %w", m.iface, err)
+			return false, at, fmt.Errorf("wg: read device %s: %w", m.iface, err)
 		}
 	}
 	if _, rep := Diff(m.applied.input(m.lastEndpoints, m.names), cur); rep.Changed() {
 		// Drift first: the re-apply reads and restores the device, the
 		// sessions are looked at on the next read.
 		m.stale = true
-		return true, nil, at, nil
+		return true, at, nil
 	}
 	if !o.Sessions || m.applied.probes == 0 {
-		return false, nil, at, nil
-	}
-	onDevice := make(map[wgtypes.Key]*wgtypes.Peer, len(cur.Peers))
-	for i := range cur.Peers {
-		onDevice[cur.Peers[i].PublicKey] = &cur.Peers[i]
+		m.sessions.peers = nil
+		return false, at, nil
 	}
 	var samples []watched
-	byKey := map[wgtypes.Key]ResolvedPeer{}
-	for _, p := range m.applied.peers {
-		d := onDevice[p.PublicKey]
-		if !p.SessionProbe.IsValid() || d == nil {
+	for i := range cur.Peers {
+		d := &cur.Peers[i]
+		p := m.applied.peers[d.PublicKey]
+		if p == nil || !p.SessionProbe.IsValid() {
 			continue
 		}
-		byKey[p.PublicKey] = p.ResolvedPeer
 		hs := d.LastHandshakeTime
 		if hs.Unix() <= 0 {
 			hs = time.Time{}
 		}
-		samples = append(samples, watched{key: p.PublicKey, sample: sessionSample{rx: d.ReceiveBytes, tx: d.TransmitBytes, handshake: hs}})
+		samples = append(samples, watched{key: d.PublicKey, sample: sessionSample{rx: d.ReceiveBytes, tx: d.TransmitBytes, handshake: hs}, endpoint: d.Endpoint})
 	}
-	probe, repair, retry := sw.assess(at, samples)
-	for _, k := range probe {
-		probes = append(probes, byKey[k].SessionProbe)
-	}
-	if len(repair)+len(retry) == 0 {
-		return false, probes, at, nil
-	}
-	var cfg wgtypes.Config
-	for _, k := range append(repair[:len(repair):len(repair)], retry...) {
-		p := byKey[k]
-		pc := newPeerConfig(p)
-		if d := onDevice[k]; d.Endpoint != nil {
-			pc.Endpoint = d.Endpoint // keep where the peer is now
-		}
-		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, pc)
-	}
-	if err := m.configure(cfg); err != nil {
-		m.stale = true
-		return false, probes, at, fmt.Errorf("wg: re-establish sessions on %s: %w", m.iface, err)
-	}
-	for _, k := range repair {
-		m.log.LogAttrs(ctx, slog.LevelInfo, "re-established a half-dead WireGuard session (the peer forgot it)",
-			slog.String("interface", m.iface), slog.String("peer", byKey[k].Name))
-		if o.OnRepair != nil {
-			o.OnRepair(byKey[k].Name)
-		}
-	}
-	for _, k := range retry {
-		m.log.LogAttrs(ctx, slog.LevelInfo, "re-established a repaired WireGuard peer again: its fresh handshake went unanswered (rather than WireGuard's retry in 5 s)",
-			slog.String("interface", m.iface), slog.String("peer", byKey[k].Name))
-		if o.OnRepair != nil {
-			o.OnRepair(byKey[k].Name)
-		}
-	}
-	return false, probes, at, nil
+	return m.sessions.record(at, samples), at, nil
 }

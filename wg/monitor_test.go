@@ -61,7 +61,7 @@ func TestApplyAgainstMemory(t *testing.T) {
 	if rep, _ := m.Apply(ctx, plan); rep.Changed() {
 		t.Fatalf("without a read the memory cannot know: %+v", rep)
 	}
-	if drifted, _, _, err := m.watchOnce(ctx, &sessionWatch{policy: DefaultSessionPolicy}, WatchOptions{}.withDefaults(), false, time.Time{}); err != nil || !drifted {
+	if drifted, _, err := m.watchOnce(ctx, WatchOptions{}.withDefaults(), false, time.Time{}); err != nil || !drifted {
 		t.Fatalf("drift not seen: %v %v", drifted, err)
 	}
 	rep, err = m.Apply(ctx, plan)

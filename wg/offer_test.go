@@ -35,10 +35,10 @@ func TestWatchTakesStatsReading(t *testing.T) {
 	})
 	fakeFeed(m)
 	var probes atomic.Int32
-	m.Watch(ctx, WatchOptions{Clock: clk, Sessions: true, FastInterval: 50 * time.Millisecond, Probe: func(context.Context, netip.Addr) error {
+	go loopSessions(ctx, m, m.Watch(ctx, WatchOptions{Clock: clk, Sessions: true, FastInterval: 50 * time.Millisecond, Probe: func(context.Context, netip.Addr) error {
 		probes.Add(1)
 		return nil
-	}})
+	}}))
 	step := func(d time.Duration) {
 		t.Helper()
 		eventually(t, "the watch waiting", clk.HasWaiters)

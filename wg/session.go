@@ -1,6 +1,13 @@
 package wg
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sort"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -8,63 +15,36 @@ import (
 
 // Half-dead sessions (docs/kilo-compatibility.md#half-dead).
 //
-// kg applies every change by rewriting its whole device, which forgets the
-// sessions it had. This side's half of such a session stays valid, so it
-// goes on sending into a session the peer no longer knows; the peer drops
-// those packets silently, and WireGuard notices only after
-// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT (15 s) without a reply. For peers with a
-// SessionProbe (the planner sets it for kg-run peers) the monitor therefore
-// watches the device's counters: traffic sent and nothing received for
-// SuspectAfter, within a session this side believes alive, is suspicious.
-// One probe to the peer's WireGuard IP tells a one-way flow (the peer
-// answers through the session) from a dead session (no answer); after
-// ProbeTimeout without anything received the peer is removed and added back
-// in one configuration, and the next packet starts a fresh handshake, which
-// the peer answers at once.
-//
-// The fresh handshake can itself be lost: a kg that has just started
-// rewrites its device several times in a fraction of a second, and an
-// initiation that arrives between two rewrites is answered by a device
-// that forgets the answer. WireGuard retransmits an unanswered initiation
-// only after REKEY_TIMEOUT (5 s), so a repaired peer whose fresh handshake
-// is unanswered RetryAfter after the repair is re-created once more at once
-// (its handshake state with it), and the next packet initiates again.
+// For peers with a SessionProbe (the planner sets it for kg-run peers) the
+// watch reads the device's counters and keeps what it saw of each session
+// (SessionFact): the facts the planner's half-dead rule judges
+// (agent/core/sessions). The plan's decisions come back as SessionActs, which
+// ActOnSessions carries out: a probe of the peer's WireGuard IP, or the peer
+// removed and added back in one configuration, keeping the endpoint it is at.
+// The watch decides nothing; it wakes the loop when a reading may change a
+// decision: traffic going unanswered where it was answered, or a reading
+// at or after the plan's Recheck.
 
-// SessionPolicy tunes the half-dead session rule.
-type SessionPolicy struct {
-	// SuspectAfter: sent, nothing received for this long → probe.
-	SuspectAfter time.Duration
-	// ProbeTimeout: nothing received this long after the probe → re-establish.
-	ProbeTimeout time.Duration
-	// MinBackoff, MaxBackoff bound how often one peer is re-established
-	// while nothing is received from it between repairs (a peer that is
-	// really gone); a peer that answers after a repair resets it. So the
-	// repair traffic is one handshake per session the peer forgets (a kg
-	// rewrite), and for a silent peer one per MinBackoff doubling up to
-	// MaxBackoff.
-	MinBackoff, MaxBackoff time.Duration
-	// RetryAfter: a repaired peer that has sent its fresh handshake and
-	// heard nothing this long after the repair is re-created once more
-	// (one retry per repair; it earns no back-off).
-	RetryAfter time.Duration
+// SessionFact is one watched session as last read, and what was done to
+// it (topology.SessionObservation in the actuator's terms).
+type SessionFact struct {
+	PublicKey                      wgtypes.Key
+	At                             time.Time
+	Rx, Tx                         int64
+	Handshake                      time.Time
+	UnansweredFrom, UnansweredSeen time.Time
+	Probed, Recreated              time.Time
+	Unheard                        int
+	Retried                        bool
 }
 
-// DefaultSessionPolicy: a half-dead session costs well under a second of
-// traffic; a peer that stays silent is re-established at most every
-// MaxBackoff.
-var DefaultSessionPolicy = SessionPolicy{
-	SuspectAfter: 200 * time.Millisecond,
-	ProbeTimeout: 300 * time.Millisecond,
-	MinBackoff:   5 * time.Second,
-	MaxBackoff:   time.Minute,
-	RetryAfter:   time.Second,
+// SessionActs is what the plan says to do about the watched sessions.
+type SessionActs struct {
+	Probe, Recreate, Retry []wgtypes.Key
+	// Recheck: the watch wakes the loop at its first reading at or after
+	// it (zero: no need).
+	Recheck time.Time
 }
-
-// RejectAfterTime is WireGuard's REJECT_AFTER_TIME: a session whose last
-// handshake is older is dead on this side too, and WireGuard handshakes
-// anew by itself on the next packet (docs/wireguard.md). The one home of
-// the constant: peer health (agent/runtime/metrics) judges with it too.
-const RejectAfterTime = 180 * time.Second
 
 // sessionSample is one reading of a peer's counters.
 type sessionSample struct {
@@ -72,93 +52,68 @@ type sessionSample struct {
 	handshake time.Time
 }
 
-// sessionState is what the monitor remembers of one watched peer.
+// sessionState is what the watch keeps of one watched peer.
 type sessionState struct {
 	last   sessionSample
 	lastAt time.Time // when last was taken
 	seen   bool      // last is valid
-	// unanswered: since when traffic has been going out with nothing
-	// received (at the latest the reading before it was seen); zero when
-	// the peer answered.
-	unanswered time.Time
-	probed     time.Time // when the probe went out; zero = not yet
-	repairedAt time.Time
-	backoff    time.Duration
-	// retryDue: repaired, and neither heard from since nor retried.
-	retryDue bool
+	// unansweredFrom, unansweredSeen: SessionFact's.
+	unansweredFrom, unansweredSeen time.Time
+	probed, recreated              time.Time
+	unheard                        int
+	retried                        bool
+	// endpoint is where the peer was at the last reading: a re-creation
+	// keeps it.
+	endpoint *net.UDPAddr
 }
 
-type sessionAction int
-
-const (
-	sessionOK sessionAction = iota
-	sessionProbe
-	sessionRepair
-	// sessionRetry: re-create a repaired peer whose fresh handshake went
-	// unanswered (done as a repair).
-	sessionRetry
-)
-
-// assessSession is the rule, pure: the state after sample s taken at now,
-// and what to do.
-func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionPolicy) (sessionState, sessionAction) {
+// observe records sample s, taken at now, and reports whether traffic
+// began going unanswered with it (a reading the loop should judge).
+func observe(st sessionState, s sessionSample, now time.Time) (sessionState, bool) {
 	prev, prevAt, seen := st.last, st.lastAt, st.seen
 	st.last, st.lastAt, st.seen = s, now, true
 	switch {
 	case !seen || s.rx < prev.rx || s.tx < prev.tx:
 		// First sample, or the peer was re-created (counters restart).
-		st.unanswered, st.probed = time.Time{}, time.Time{}
-		return st, sessionOK
+		st.unansweredFrom, st.unansweredSeen, st.probed = time.Time{}, time.Time{}, time.Time{}
 	case s.rx > prev.rx || !s.handshake.Equal(prev.handshake):
-		// Heard from the peer: the session works — and if it was just
-		// re-established, the repair worked, so the next one is not held
-		// back (a kg that rewrites its device every few seconds costs one
-		// repair per rewrite; only a peer that stays silent after repairs
-		// is backed off).
-		st.unanswered, st.probed = time.Time{}, time.Time{}
-		st.backoff, st.retryDue = 0, false
-		return st, sessionOK
-	case s.tx > prev.tx && st.unanswered.IsZero():
+		// Heard from the peer: the session works, and a re-creation
+		// before it worked (only a peer that stays silent is held back).
+		st.unansweredFrom, st.unansweredSeen, st.probed = time.Time{}, time.Time{}, time.Time{}
+		st.unheard = 0
+	case s.tx > prev.tx && st.unansweredFrom.IsZero():
 		// Sent since the previous reading, nothing back: the first such
-		// packet may have left right after it — or, when the readings
-		// were a quiet second apart, just before this one: counted from
-		// at most half of SuspectAfter back (what 100 ms readings give), a
-		// reply still in flight is not probed at once.
-		st.unanswered = prevAt
-		if floor := now.Add(-pol.SuspectAfter / 2); floor.After(prevAt) {
-			st.unanswered = floor
-		}
+		// packet left after it.
+		st.unansweredFrom, st.unansweredSeen = prevAt, now
+		return st, true
 	}
-	if st.retryDue && now.Sub(st.repairedAt) >= pol.RetryAfter {
-		// The fresh handshake's window is over: sent and unanswered, it
-		// is started again now rather than in REKEY_TIMEOUT; anything
-		// else (answered, nothing sent) leaves WireGuard to it.
-		st.retryDue = false
-		if s.handshake.IsZero() && s.rx == 0 && s.tx > 0 {
-			st.unanswered, st.probed = time.Time{}, time.Time{}
-			return st, sessionRetry
-		}
+	return st, false
+}
+
+// probedAt records the probe of the current unanswered stretch.
+func (st *sessionState) probedAt(now time.Time) { st.probed = now }
+
+// recreatedAt records the peer removed and added back at now (retry: as the
+// one retry of its last re-creation): its counters restart, so the next
+// reading is a fresh start.
+func (st *sessionState) recreatedAt(now time.Time, retry bool) {
+	st.seen, st.unansweredFrom, st.unansweredSeen, st.probed = false, time.Time{}, time.Time{}, time.Time{}
+	if retry {
+		st.retried = true
+		return
 	}
-	if st.unanswered.IsZero() || s.handshake.IsZero() || now.Sub(s.handshake) >= RejectAfterTime {
-		// Nothing pending, or no session this side believes in: WireGuard
-		// handshakes by itself.
-		return st, sessionOK
-	}
-	switch {
-	case st.probed.IsZero() && now.Sub(st.unanswered) >= pol.SuspectAfter:
-		st.probed = now
-		return st, sessionProbe
-	case !st.probed.IsZero() && now.Sub(st.probed) >= pol.ProbeTimeout && now.Sub(st.repairedAt) >= st.backoff:
-		st.repairedAt, st.retryDue = now, pol.RetryAfter > 0
-		st.backoff = min(max(2*st.backoff, pol.MinBackoff), pol.MaxBackoff)
-		st.unanswered, st.probed = time.Time{}, time.Time{}
-		return st, sessionRepair
-	}
-	return st, sessionOK
+	st.recreated, st.retried = now, false
+	st.unheard++
+}
+
+func (st *sessionState) fact(k wgtypes.Key) SessionFact {
+	return SessionFact{PublicKey: k, At: st.lastAt, Rx: st.last.rx, Tx: st.last.tx, Handshake: st.last.handshake,
+		UnansweredFrom: st.unansweredFrom, UnansweredSeen: st.unansweredSeen, Probed: st.probed, Recreated: st.recreated,
+		Unheard: st.unheard, Retried: st.retried}
 }
 
 // FlowRate is the rate, in bytes a second either way since the reading
-// before, above which a watched peer's traffic is a flow that the monitor
+// before, above which a watched peer's traffic is a flow that the watch
 // reads fast (SessionInterval), so that a half-dead session starting inside
 // it is seen within that interval. Under it — a leader's health probe, one
 // echo a second (80 bytes as WireGuard counts it), a keepalive (32 bytes),
@@ -173,14 +128,17 @@ func assessSession(st sessionState, s sessionSample, now time.Time, pol SessionP
 // none, and each of those falls back to a second (as before FlowRate).
 const FlowRate = 256
 
-// sessionWatch holds the states of the watched peers.
+// sessionWatch holds the states of the watched peers. The watch writes it
+// with its readings, ActOnSessions with what it did; both under the
+// Manager's mu.
 type sessionWatch struct {
-	policy SessionPolicy
-	peers  map[wgtypes.Key]sessionState
-	// active: the last tick saw a watched peer carry a flow (FlowRate)
-	// since the tick before, or saw it first (the monitor reads fast then,
+	peers map[wgtypes.Key]sessionState
+	// active: the last reading saw a watched peer carry a flow (FlowRate)
+	// since the one before, or saw it first (the watch reads fast then,
 	// slowly while all are quiet).
 	active bool
+	// recheck is the last plan's Recheck not reached yet by a reading.
+	recheck time.Time
 }
 
 // flowing reports whether s, taken at now, shows a flow since prev.
@@ -193,44 +151,169 @@ func flowing(prev sessionState, s sessionSample, now time.Time) bool {
 	return float64(s.tx-prev.last.tx) > limit || float64(s.rx-prev.last.rx) > limit
 }
 
-// watched is one peer to assess in a tick.
+// watched is one peer read in a reading.
 type watched struct {
-	key    wgtypes.Key
-	sample sessionSample
+	key      wgtypes.Key
+	sample   sessionSample
+	endpoint *net.UDPAddr
 }
 
-// assess runs the rule over this tick's samples and returns the peers to
-// probe, to re-establish, and to re-create again after an unanswered fresh
-// handshake. Peers no longer watched are forgotten.
-func (w *sessionWatch) assess(now time.Time, samples []watched) (probe, repair, retry []wgtypes.Key) {
+// record takes one reading's samples (peers no longer watched are
+// forgotten) and reports whether the loop should judge it: traffic began
+// going unanswered, or the reading reached the plan's recheck.
+func (w *sessionWatch) record(now time.Time, samples []watched) bool {
 	next := make(map[wgtypes.Key]sessionState, len(samples))
 	w.active = false
+	wake := false
 	for _, s := range samples {
 		prev := w.peers[s.key]
 		w.active = w.active || !prev.seen || flowing(prev, s.sample, now)
-		st, act := assessSession(prev, s.sample, now, w.policy)
+		st, began := observe(prev, s.sample, now)
+		st.endpoint = s.endpoint
 		next[s.key] = st
-		switch act {
-		case sessionProbe:
-			probe = append(probe, s.key)
-		case sessionRepair:
-			repair = append(repair, s.key)
-		case sessionRetry:
-			retry = append(retry, s.key)
-		}
+		wake = wake || began
 	}
 	w.peers = next
-	return probe, repair, retry
+	if !w.recheck.IsZero() && !now.Before(w.recheck) {
+		w.recheck = time.Time{}
+		wake = true
+	}
+	return wake
 }
 
-// pending reports whether a watched peer has traffic going unanswered or a
-// fresh handshake in its retry window, so the monitor samples fast until
-// that is settled.
+// pending reports whether a watched peer has traffic going unanswered or
+// the plan waits for a reading, so the watch reads fast until that is
+// settled.
 func (w *sessionWatch) pending() bool {
+	if !w.recheck.IsZero() {
+		return true
+	}
 	for _, st := range w.peers {
-		if !st.unanswered.IsZero() || st.retryDue {
+		if !st.unansweredFrom.IsZero() {
 			return true
 		}
 	}
 	return false
+}
+
+// SessionFacts returns the watched sessions as last read, by public key.
+func (m *Manager) SessionFacts() []SessionFact {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.sessions.peers) == 0 {
+		return nil
+	}
+	out := make([]SessionFact, 0, len(m.sessions.peers))
+	for k, st := range m.sessions.peers {
+		if st.seen {
+			out = append(out, st.fact(k))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return bytes.Compare(out[i].PublicKey[:], out[j].PublicKey[:]) < 0 })
+	return out
+}
+
+// ActOnSessions carries out the plan's session actions. Each is done only
+// while the facts it was judged on still stand (a plan computed twice from
+// one reading probes and re-creates once): a probe while the peer's traffic
+// is unanswered and not probed yet, a re-creation once it was probed, a
+// retry once per re-creation while its fresh handshake is unanswered.
+// Probes go out through WatchOptions.Probe; re-creations keep the endpoint
+// the peer is at. The watch reads fast until a reading reaches
+// acts.Recheck.
+func (m *Manager) ActOnSessions(ctx context.Context, acts SessionActs) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w := &m.sessions
+	w.recheck = acts.Recheck
+	now := m.clock().Now()
+	var probes []netip.Addr
+	for _, k := range acts.Probe {
+		st, ok := w.peers[k]
+		p := m.sessionPeer(k)
+		if !ok || p == nil || st.unansweredFrom.IsZero() || !st.probed.IsZero() {
+			continue
+		}
+		st.probedAt(now)
+		w.peers[k] = st
+		probes = append(probes, p.SessionProbe)
+	}
+	var again []wgtypes.Key // re-created: retried is set, not recreated
+	var recreate []*appliedPeer
+	for _, k := range acts.Recreate {
+		st, ok := w.peers[k]
+		if p := m.sessionPeer(k); ok && p != nil && !st.probed.IsZero() {
+			recreate = append(recreate, p)
+		}
+	}
+	for _, k := range acts.Retry {
+		st, ok := w.peers[k]
+		if p := m.sessionPeer(k); ok && p != nil && !st.recreated.IsZero() && !st.retried && st.last.rx == 0 && st.last.handshake.IsZero() {
+			recreate = append(recreate, p)
+			again = append(again, k)
+		}
+	}
+	var err error
+	if len(recreate) > 0 {
+		err = m.recreate(ctx, recreate, again, now)
+	}
+	if len(probes) > 0 && m.probe != nil {
+		// Sent without the lock: the device is not touched.
+		m.mu.Unlock()
+		for _, a := range probes {
+			if perr := m.probe(ctx, a); perr != nil && ctx.Err() == nil {
+				m.log.Warn("probing a WireGuard session failed", "interface", m.iface, "address", a.String(), "error", perr)
+			}
+		}
+		m.mu.Lock()
+	}
+	return err
+}
+
+// sessionPeer is the applied peer k under the session rule, or nil.
+func (m *Manager) sessionPeer(k wgtypes.Key) *appliedPeer {
+	if m.applied == nil {
+		return nil
+	}
+	p := m.applied.peers[k]
+	if p == nil || !p.SessionProbe.IsValid() {
+		return nil
+	}
+	return p
+}
+
+// recreate removes and adds back peers in one configuration, keeping the
+// endpoint each is at, and records it (again: the retries among them).
+// Call with m.mu held.
+func (m *Manager) recreate(ctx context.Context, peers []*appliedPeer, again []wgtypes.Key, now time.Time) error {
+	retry := make(map[wgtypes.Key]bool, len(again))
+	for _, k := range again {
+		retry[k] = true
+	}
+	var cfg wgtypes.Config
+	for _, p := range peers {
+		pc := newPeerConfig(p.ResolvedPeer)
+		if e := m.sessions.peers[p.PublicKey].endpoint; e != nil {
+			pc.Endpoint = e // keep where the peer is now
+		}
+		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: p.PublicKey, Remove: true}, pc)
+	}
+	if err := m.configure(cfg); err != nil {
+		m.stale = true
+		return fmt.Errorf("wg: re-establish sessions on %s: %w", m.iface, err)
+	}
+	for _, p := range peers {
+		st := m.sessions.peers[p.PublicKey]
+		st.recreatedAt(now, retry[p.PublicKey])
+		m.sessions.peers[p.PublicKey] = st
+		msg := "re-established a half-dead WireGuard session (the peer forgot it)"
+		if retry[p.PublicKey] {
+			msg = "re-established a repaired WireGuard peer again: its fresh handshake went unanswered (rather than WireGuard's retry in 5 s)"
+		}
+		m.log.LogAttrs(ctx, slog.LevelInfo, msg, slog.String("interface", m.iface), slog.String("peer", p.Name))
+		if m.onRepair != nil {
+			m.onRepair(p.Name)
+		}
+	}
+	return nil
 }

@@ -9,7 +9,65 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/meshlet/meshlet/agent/core/sessions"
+	"github.com/meshlet/meshlet/agent/core/topology"
 )
+
+// The half-dead rule as the agent runs it, one reading at a time: the
+// watch records the sample (observe), the planner's rule judges the fact
+// (agent/core/sessions, imported by this test only: wg itself imports
+// nothing of meshlet), and what it says is recorded as ActOnSessions does.
+
+const (
+	sessionOK     = "ok"
+	sessionProbe  = "probe"
+	sessionRepair = "recreate"
+	sessionRetry  = "retry"
+)
+
+// observation is a fact in the planner's terms (as agent/runtime/node
+// translates it).
+func observation(f SessionFact) topology.SessionObservation {
+	return topology.SessionObservation{PublicKey: topology.Key(f.PublicKey), At: f.At, Rx: f.Rx, Tx: f.Tx, Handshake: f.Handshake,
+		UnansweredFrom: f.UnansweredFrom, UnansweredSeen: f.UnansweredSeen, Probed: f.Probed, Recreated: f.Recreated,
+		Unheard: f.Unheard, Retried: f.Retried}
+}
+
+// ruled is one watched session and the plan's last recheck.
+type ruled struct {
+	st      sessionState
+	recheck time.Time
+}
+
+// assessSession takes sample s at now through the watch, the rule and
+// the action's record, and returns what the rule said.
+func assessSession(r ruled, s sessionSample, now time.Time) (ruled, string) {
+	r.st, _ = observe(r.st, s, now)
+	acts := sessions.Judge([]topology.SessionObservation{observation(r.st.fact(testKey(1)))}, sessions.DefaultPolicy)
+	if acts == nil {
+		r.recheck = time.Time{}
+		return r, sessionOK
+	}
+	r.recheck = acts.Recheck
+	switch {
+	case len(acts.Probe) > 0:
+		r.st.probedAt(now)
+		return r, sessionProbe
+	case len(acts.Recreate) > 0:
+		r.st.recreatedAt(now, false)
+		return r, sessionRepair
+	case len(acts.Retry) > 0:
+		r.st.recreatedAt(now, true)
+		return r, sessionRetry
+	}
+	return r, sessionOK
+}
+
+func (r ruled) pending() bool {
+	w := sessionWatch{peers: map[wgtypes.Key]sessionState{testKey(1): r.st}, recheck: r.recheck}
+	return w.pending()
+}
 
 // TestAssessSession walks the rule through sequences of samples taken every
 // 100 ms: what a half-dead session, a one-way flow, an idle peer and a gone
@@ -20,7 +78,7 @@ func TestAssessSession(t *testing.T) {
 	type step struct {
 		rx, tx int64
 		hs     time.Time
-		want   sessionAction
+		want   string
 	}
 	tests := []struct {
 		name  string
@@ -76,12 +134,12 @@ func TestAssessSession(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var st sessionState
+			var st ruled
 			for i, s := range tt.steps {
-				var got sessionAction
-				st, got = assessSession(st, sessionSample{rx: s.rx, tx: s.tx, handshake: s.hs}, t0.Add(time.Duration(i)*100*time.Millisecond), DefaultSessionPolicy)
+				var got string
+				st, got = assessSession(st, sessionSample{rx: s.rx, tx: s.tx, handshake: s.hs}, t0.Add(time.Duration(i)*100*time.Millisecond))
 				if got != s.want {
-					t.Fatalf("step %d (rx %d tx %d): action %d, want %d", i, s.rx, s.tx, got, s.want)
+					t.Fatalf("step %d (rx %d tx %d): action %s, want %s", i, s.rx, s.tx, got, s.want)
 				}
 			}
 		})
@@ -99,7 +157,7 @@ func TestAssessSessionAfterQuietReading(t *testing.T) {
 	steps := []struct {
 		after time.Duration // since the reading before
 		tx    int64
-		want  sessionAction
+		want  string
 	}{
 		{0, 100, sessionOK},
 		{time.Second, 100, sessionOK},
@@ -109,14 +167,14 @@ func TestAssessSessionAfterQuietReading(t *testing.T) {
 		{100 * time.Millisecond, 500, sessionOK},
 		{100 * time.Millisecond, 600, sessionRepair},
 	}
-	var st sessionState
+	var st ruled
 	at := t0
 	for i, s := range steps {
 		at = at.Add(s.after)
-		var got sessionAction
-		st, got = assessSession(st, sessionSample{rx: 100, tx: s.tx, handshake: hs}, at, DefaultSessionPolicy)
+		var got string
+		st, got = assessSession(st, sessionSample{rx: 100, tx: s.tx, handshake: hs}, at)
 		if got != s.want {
-			t.Fatalf("step %d (+%v, tx %d): action %d, want %d", i, s.after, s.tx, got, s.want)
+			t.Fatalf("step %d (+%v, tx %d): action %s, want %s", i, s.after, s.tx, got, s.want)
 		}
 	}
 }
@@ -126,14 +184,14 @@ func TestAssessSessionAfterQuietReading(t *testing.T) {
 func TestAssessSessionBackoff(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	hs := t0
-	var st sessionState
+	var st ruled
 	var repairs []time.Duration
 	tx := int64(100)
 	for ms := 0; ms <= 40_000; ms += 100 {
 		now := t0.Add(time.Duration(ms) * time.Millisecond)
 		tx += 10
-		var act sessionAction
-		st, act = assessSession(st, sessionSample{rx: 50, tx: tx, handshake: hs}, now, DefaultSessionPolicy)
+		var act string
+		st, act = assessSession(st, sessionSample{rx: 50, tx: tx, handshake: hs}, now)
 		if act == sessionRepair {
 			repairs = append(repairs, now.Sub(t0))
 		}
@@ -158,7 +216,7 @@ func TestAssessSessionBackoff(t *testing.T) {
 func TestAssessSessionRepairWorks(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	hs := t0
-	var st sessionState
+	var st ruled
 	var repairs []time.Duration
 	rx, tx := int64(50), int64(100)
 	dead := true // the session the peer forgot
@@ -173,8 +231,8 @@ func TestAssessSessionRepairWorks(t *testing.T) {
 		if !dead {
 			rx += 10
 		}
-		var act sessionAction
-		st, act = assessSession(st, sessionSample{rx: rx, tx: tx, handshake: hs}, now, DefaultSessionPolicy)
+		var act string
+		st, act = assessSession(st, sessionSample{rx: rx, tx: tx, handshake: hs}, now)
 		if act == sessionRepair {
 			repairs = append(repairs, at)
 			dead, hs = false, now // the fresh handshake the repair starts is answered
@@ -232,46 +290,90 @@ func TestAssessSessionRetry(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var st sessionState
-			var act sessionAction
+			var st ruled
+			var act string
 			for i, s := range halfDead {
-				st, act = assessSession(st, s, t0.Add(time.Duration(i)*100*time.Millisecond), DefaultSessionPolicy)
+				st, act = assessSession(st, s, t0.Add(time.Duration(i)*100*time.Millisecond))
 			}
 			if act != sessionRepair {
-				t.Fatalf("no repair at %d ms: %d", repairedAt*100, act)
+				t.Fatalf("no repair at %d ms: %s", repairedAt*100, act)
 			}
-			w := &sessionWatch{policy: DefaultSessionPolicy, peers: map[wgtypes.Key]sessionState{testKey(1): st}}
-			if !w.pending() {
+			if !st.pending() {
 				t.Fatal("a just repaired peer is not sampled fast")
 			}
 			var retries []time.Duration
 			for ms := 100; ms <= 4_000; ms += 100 {
 				now := t0.Add(time.Duration(repairedAt*100+ms) * time.Millisecond)
-				st, act = assessSession(st, tt.after(ms), now, DefaultSessionPolicy)
+				st, act = assessSession(st, tt.after(ms), now)
 				switch act {
 				case sessionRetry:
 					retries = append(retries, time.Duration(ms)*time.Millisecond)
 				case sessionOK:
 				default:
-					t.Fatalf("%d ms after the repair: action %d", ms, act)
+					t.Fatalf("%d ms after the repair: action %s", ms, act)
 				}
 			}
 			if fmt.Sprint(retries) != fmt.Sprint(tt.want) {
 				t.Fatalf("retries at %v after the repair, want %v", retries, tt.want)
 			}
-			w.peers[testKey(1)] = st
-			if w.pending() {
+			if st.pending() {
 				t.Error("still sampled fast 4 s after the repair")
 			}
 		})
 	}
 }
 
-// TestWatchRepairsHalfDeadSession: on the device, a kg peer (SessionProbe
-// set) whose traffic goes unanswered is probed, then removed and added back
-// in one configuration, keeping the endpoint it is at; a meshlet peer in the
-// same state is left alone.
-func TestWatchRepairsHalfDeadSession(t *testing.T) {
+// loopSessions plays the agent's loop for the sessions until ctx ends: at
+// every signal of the watch, the facts judged and the actions carried out.
+func loopSessions(ctx context.Context, m *Manager, signals <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-signals:
+			_ = m.ActOnSessions(ctx, judged(m))
+		}
+	}
+}
+
+// judged is the planner's rule over the manager's facts, in its terms.
+func judged(m *Manager) SessionActs {
+	var obs []topology.SessionObservation
+	for _, f := range m.SessionFacts() {
+		obs = append(obs, observation(f))
+	}
+	var acts SessionActs
+	if a := sessions.Judge(obs, sessions.DefaultPolicy); a != nil {
+		for _, k := range a.Probe {
+			acts.Probe = append(acts.Probe, wgtypes.Key(k))
+		}
+		for _, k := range a.Recreate {
+			acts.Recreate = append(acts.Recreate, wgtypes.Key(k))
+		}
+		for _, k := range a.Retry {
+			acts.Retry = append(acts.Retry, wgtypes.Key(k))
+		}
+		acts.Recheck = a.Recheck
+	}
+	return acts
+}
+
+// judgeAndAct is one run of the loop for the sessions: the manager's
+// facts judged by the planner's rule, its actions carried out.
+func judgeAndAct(ctx context.Context, t *testing.T, m *Manager) {
+	t.Helper()
+	if err := m.ActOnSessions(ctx, judged(m)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestActOnSessionsRepairsHalfDeadSession: on the device, a kg peer
+// (SessionProbe set) whose traffic goes unanswered is probed, then removed
+// and added back in one configuration, keeping the endpoint it is at; a
+// meshlet peer in the same state is not watched. The loop runs when the
+// watch says so, and once more after every reading (a plan computed again
+// from the same facts acts once).
+func TestActOnSessionsRepairsHalfDeadSession(t *testing.T) {
 	ctx := context.Background()
 	priv, _ := wgtypes.GeneratePrivateKey()
 	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
@@ -291,21 +393,28 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 		fc.dev.Peers[i].ReceiveBytes = 1000
 	}
 	fc.dev.Peers[0].Endpoint = udp("198.51.100.7:40000") // roamed
-	sw := &sessionWatch{policy: DefaultSessionPolicy}
-	var repaired []string
 	clk := testingclock.NewFakeClock(now)
-	o := WatchOptions{Sessions: true, Clock: clk, OnRepair: func(p string) { repaired = append(repaired, p) }}
+	var repaired []string
 	var probed []netip.Addr
+	o := WatchOptions{Sessions: true, Clock: clk}.withDefaults()
+	m.watchClock = clk
+	m.probe = func(_ context.Context, a netip.Addr) error { probed = append(probed, a); return nil }
+	m.onRepair = func(p string) { repaired = append(repaired, p) }
 	configs := len(fc.configs)
+	wakes := 0
 	for i := 0; i < 10; i++ {
 		for j := range fc.dev.Peers {
 			fc.dev.Peers[j].TransmitBytes += 100 // sending, nothing comes back
 		}
-		_, p, _, err := m.watchOnce(ctx, sw, o, false, time.Time{})
+		wake, _, err := m.watchOnce(ctx, o, false, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		probed = append(probed, p...)
+		if wake {
+			wakes++
+			judgeAndAct(ctx, t, m)
+		}
+		judgeAndAct(ctx, t, m) // a run for another reason
 		clk.Step(100 * time.Millisecond)
 	}
 	if len(probed) != 1 || probed[0] != kg.SessionProbe {
@@ -313,6 +422,9 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 	}
 	if len(repaired) != 1 || repaired[0] != "kg" {
 		t.Fatalf("repaired %v, want [kg]", repaired)
+	}
+	if wakes < 3 {
+		t.Errorf("the watch woke the loop %d times, want at least 3 (unanswered, probe due, re-creation due)", wakes)
 	}
 	cfg := fc.configs[len(fc.configs)-1]
 	if len(fc.configs) != configs+1 || len(cfg.Peers) != 2 || !cfg.Peers[0].Remove || cfg.Peers[1].Remove ||
@@ -322,13 +434,19 @@ func TestWatchRepairsHalfDeadSession(t *testing.T) {
 	if cfg.ReplacePeers || cfg.Peers[1].Endpoint.String() != "198.51.100.7:40000" || len(cfg.Peers[1].AllowedIPs) != 1 {
 		t.Errorf("re-added peer %+v: want its roamed endpoint and allowed IPs, no ReplacePeers", cfg.Peers[1])
 	}
+	for _, f := range m.SessionFacts() {
+		if f.PublicKey != wgtypes.Key(kg.PublicKey) {
+			t.Errorf("a session fact of %v, which is not under the rule", f.PublicKey)
+		}
+	}
 }
 
-// TestWatchRetriesUnansweredFreshHandshake: on the device, a repaired kg
-// peer whose fresh handshake goes unanswered (the re-created peer sent an
-// initiation, received nothing) is removed and added back once more 1 s
-// after the repair, and only once.
-func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
+// TestActOnSessionsRetriesUnansweredFreshHandshake: on the device, a
+// repaired kg peer whose fresh handshake goes unanswered (the re-created
+// peer sent an initiation, received nothing) is removed and added back once
+// more 1 s after the repair, and only once; the watch wakes the loop for it
+// (the plan's recheck) without any event.
+func TestActOnSessionsRetriesUnansweredFreshHandshake(t *testing.T) {
 	ctx := context.Background()
 	priv, _ := wgtypes.GeneratePrivateKey()
 	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
@@ -344,18 +462,26 @@ func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	fc.dev.Peers[0].LastHandshakeTime = now.Add(-10 * time.Second)
 	fc.dev.Peers[0].ReceiveBytes = 1000
-	sw := &sessionWatch{policy: DefaultSessionPolicy}
-	var repaired []time.Duration
 	clk := testingclock.NewFakeClock(now)
-	o := WatchOptions{Sessions: true, Clock: clk, OnRepair: func(string) { repaired = append(repaired, clk.Since(now)) }}
+	var repaired []time.Duration
+	o := WatchOptions{Sessions: true, Clock: clk}.withDefaults()
+	m.watchClock = clk
+	m.probe = func(context.Context, netip.Addr) error { return nil }
+	m.onRepair = func(string) { repaired = append(repaired, clk.Since(now)) }
 	for i := 0; i < 40; i++ {
 		if len(repaired) == 0 {
 			fc.dev.Peers[0].TransmitBytes += 100 // the half-dead session
 		} else {
-			fc.dev.Peers[0].TransmitBytes = 148 // the re-created peer's initiation, unanswered
+			// The re-created peer's initiation, unanswered (a fake device
+			// keeps its counters: restart them).
+			fc.dev.Peers[0].TransmitBytes, fc.dev.Peers[0].ReceiveBytes, fc.dev.Peers[0].LastHandshakeTime = 148, 0, time.Time{}
 		}
-		if _, _, _, err := m.watchOnce(ctx, sw, o, false, time.Time{}); err != nil {
+		wake, _, err := m.watchOnce(ctx, o, false, time.Time{})
+		if err != nil {
 			t.Fatal(err)
+		}
+		if wake {
+			judgeAndAct(ctx, t, m)
 		}
 		clk.Step(100 * time.Millisecond)
 	}
@@ -366,6 +492,9 @@ func TestWatchRetriesUnansweredFreshHandshake(t *testing.T) {
 	last := fc.configs[len(fc.configs)-1]
 	if len(last.Peers) != 2 || !last.Peers[0].Remove || last.Peers[1].Remove || last.Peers[1].PublicKey != wgtypes.Key(kg.PublicKey) {
 		t.Errorf("the retry's configuration: %+v", last)
+	}
+	if m.sessions.pending() {
+		t.Error("still read fast 3.5 s after the retry")
 	}
 }
 

@@ -28,7 +28,7 @@ type PeerSpec struct {
 	// by Endpoint, see overwriteEndpoint).
 	Roaming bool
 	// SessionProbe, when set, puts the peer's session under the half-dead
-	// rule (session.go): the address is probed when traffic goes
-	// unanswered.
+	// rule (session.go): the watch records it (SessionFacts), and
+	// ActOnSessions probes this address when the plan says so.
 	SessionProbe netip.Addr
 }

@@ -112,6 +112,12 @@ type Manager struct {
 	handshakes map[wgtypes.Key]struct{}
 	// unresolved are the endpoints the last apply could not resolve.
 	unresolved []UnresolvedEndpoint
+	// sessions is what the watch saw of the sessions under the half-dead
+	// rule and what ActOnSessions did (session.go); probe and onRepair are
+	// Watch's options for them.
+	sessions sessionWatch
+	probe    func(ctx context.Context, addr netip.Addr) error
+	onRepair func(peer string)
 	// writes counts this process's writes to the device twice, as they
 	// begin and end (configure): a reading taken across or during one is
 	// not offered to the watch. Atomic, so Stats never waits for mu.

@@ -605,6 +605,30 @@ func TestSessionProbeForKgPeers(t *testing.T) {
 	}
 }
 
+// TestSessionsJudgedForKgPeersOnly: the observed sessions of the planned
+// peers under the half-dead rule are judged into the plan; one of a
+// meshlet-run peer, or of a peer not planned, is not.
+func TestSessionsJudgedForKgPeersOnly(t *testing.T) {
+	nodes := threeLocations()
+	nodes[3].MeshletVersion = "v1" // b-2 runs meshlet, c-1 kg
+	self := selfOf(nodes[1], "eth0")
+	unanswered := func(k topology.Key) topology.SessionObservation {
+		return topology.SessionObservation{PublicKey: k, At: now, Rx: 1, Tx: 9, Handshake: now.Add(-time.Minute),
+			UnansweredFrom: now.Add(-time.Second), UnansweredSeen: now.Add(-900 * time.Millisecond)}
+	}
+	kg := peerByName(t, Compute(topology.Snapshot{Now: now, Nodes: nodes}, self), "c-1").PublicKey
+	ml := peerByName(t, Compute(topology.Snapshot{Now: now, Nodes: nodes}, self), "b-2").PublicKey
+	self.Sessions = []topology.SessionObservation{unanswered(ml), unanswered(kg), unanswered(topology.Key{0xee})}
+	pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, self)
+	if pl.Sessions == nil || len(pl.Sessions.Probe) != 1 || pl.Sessions.Probe[0] != kg || len(pl.Sessions.Recreate)+len(pl.Sessions.Retry) != 0 {
+		t.Fatalf("plan's sessions %+v, want one probe of c-1's", pl.Sessions)
+	}
+	self.Sessions = nil
+	if pl := Compute(topology.Snapshot{Now: now, Nodes: nodes}, self); pl.Sessions != nil {
+		t.Errorf("nothing observed, plan's sessions %+v", pl.Sessions)
+	}
+}
+
 func TestDeterministic(t *testing.T) {
 	nodes := threeLocations()
 	peers := []topology.Peer{{Name: "z", AllowedIPs: pfxs("10.5.0.9/32"), PublicKey: key(90)}, {Name: "y", AllowedIPs: pfxs("10.5.0.8/32"), PublicKey: key(91)}}

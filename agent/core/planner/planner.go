@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshlet/meshlet/agent/core/failover"
+	"github.com/meshlet/meshlet/agent/core/sessions"
 	"github.com/meshlet/meshlet/agent/core/topology"
 )
 
@@ -93,8 +94,31 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 		}
 	}
 	pl.Annotations[topology.AnnotationDiscoveredEndpoints] = topology.FormatDiscoveredEndpoints(topology.DiscoveredToPublish(self, local, pl.WireGuard.Peers))
+	pl.Sessions = sessions.Judge(underSessionRule(self.Sessions, pl.WireGuard.Peers), sessions.DefaultPolicy)
 	pl.Rejections = rejections
 	return topology.Normalize(pl, local, set, self.Name)
+}
+
+// underSessionRule keeps the observed sessions of the planned peers that
+// are under the half-dead rule (a SessionProbe): a peer that left the plan,
+// or is no longer run by kg, is not acted on.
+func underSessionRule(obs []topology.SessionObservation, peers []topology.WireGuardPeer) []topology.SessionObservation {
+	if len(obs) == 0 {
+		return nil
+	}
+	ruled := make(map[topology.Key]bool, len(obs))
+	for i := range peers {
+		if peers[i].SessionProbe.IsValid() {
+			ruled[peers[i].PublicKey] = true
+		}
+	}
+	var out []topology.SessionObservation
+	for _, o := range obs {
+		if ruled[o.PublicKey] {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // leaderPath is a non-leader's probe of the path through its leader (nil

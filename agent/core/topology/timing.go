@@ -21,6 +21,12 @@ const (
 	// ExpirySlack is how long after a node's last-seen leaves the ready
 	// window the loop plans again, so the plan sees it stale.
 	ExpirySlack = 100 * time.Millisecond
+	// RejectAfterTime is WireGuard's REJECT_AFTER_TIME: a session whose
+	// last handshake is older is dead on this side too, and WireGuard
+	// handshakes anew by itself on the next packet (docs/wireguard.md).
+	// Peer health (agent/runtime/metrics) and the half-dead session rule
+	// (agent/core/sessions) judge with it.
+	RejectAfterTime = 180 * time.Second
 )
 
 // Earliest is the earliest of the moments that are set (non-zero), zero when

@@ -143,6 +143,10 @@ type Self struct {
 	// agent leaves it empty and advertises what it discovers now
 	// (docs/kilo-compatibility.md#own-address).
 	Advertised string
+	// Sessions is what the WireGuard device's watch saw of the sessions
+	// under the half-dead rule (docs/kilo-compatibility.md#half-dead), and
+	// what was done to them.
+	Sessions []SessionObservation
 	// Leaving, when set, is why this node's agent stops for good (its
 	// DaemonSet is gone, say): it hands its location's Lease over before it
 	// exits (docs/failover.md#restart).
@@ -346,9 +350,9 @@ type WireGuardPeer struct {
 	Roaming bool `json:"roaming"`
 	// SessionProbe is set for a peer run by kg, which forgets its sessions
 	// whenever it reconfigures (docs/kilo-compatibility.md#half-dead): the
-	// actuator watches that session and, when traffic goes unanswered,
-	// probes this address (the peer's WireGuard IP) before re-establishing
-	// it.
+	// device's watch records that session (Self.Sessions), and when its
+	// traffic goes unanswered the plan has this address (the peer's
+	// WireGuard IP) probed before the peer is re-created (Plan.Sessions).
 	SessionProbe netip.Addr `json:"sessionProbe,omitzero"`
 }
 
@@ -505,6 +509,10 @@ type Plan struct {
 	Leadership *Leadership `json:"leadership,omitempty"`
 	// Probes are what this node's health probes watch (Settings.HealthProbes).
 	Probes *Probes `json:"probes,omitempty"`
+	// Sessions is what to do now about the sessions under the half-dead
+	// rule (peers with a SessionProbe), from Self.Sessions; nil when there
+	// is nothing to do or to wait for.
+	Sessions *SessionActions `json:"sessions,omitempty"`
 }
 
 // SegmentInfo is one segment of the local cluster's topology.
@@ -577,3 +585,42 @@ const (
 	// named (docs/kilo-compatibility.md#limits).
 	ReasonLimitExceeded Reason = "LimitExceeded"
 )
+
+// SessionObservation is one session under the half-dead rule (a peer with
+// a SessionProbe) as the WireGuard device's watch last read it, and what
+// was done to it: facts only, stamped with the agent's clock; the rule
+// that judges them is the planner's (agent/core/sessions).
+type SessionObservation struct {
+	PublicKey Key
+	// At is when the counters were read; Rx and Tx count since the peer
+	// was (re)created; Handshake is its last one (zero: none).
+	At        time.Time
+	Rx, Tx    int64
+	Handshake time.Time
+	// UnansweredFrom is set while traffic has gone out and nothing come
+	// back: the reading before the one that first saw it (the first
+	// unanswered packet left after it), first seen at UnansweredSeen. Zero
+	// once the peer answers, and when it is re-created.
+	UnansweredFrom, UnansweredSeen time.Time
+	// Probed is when the probe of the current unanswered stretch went out
+	// (zero: none).
+	Probed time.Time
+	// Recreated is when the peer was last removed and added back (zero:
+	// never), Unheard how many times since it was last heard from, Retried
+	// whether that last re-creation was retried once.
+	Recreated time.Time
+	Unheard   int
+	Retried   bool
+}
+
+// SessionActions is what to do about the sessions under the half-dead rule:
+// probe a peer, re-create it (Recreate: the session is half-dead; Retry: its
+// fresh handshake went unanswered), and when to judge again if nothing new
+// happens on the wire (a probe's timeout, a retry's window; zero: never) —
+// the device's watch wakes the loop at its first reading from then on.
+type SessionActions struct {
+	Probe    []Key     `json:"probe,omitempty"`
+	Recreate []Key     `json:"recreate,omitempty"`
+	Retry    []Key     `json:"retry,omitempty"`
+	Recheck  time.Time `json:"recheck,omitzero"`
+}

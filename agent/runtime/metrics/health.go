@@ -3,6 +3,7 @@ package metrics
 import (
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/wg"
 )
 
@@ -44,9 +45,9 @@ func Judge(p wg.PeerStats, now, first, sent time.Time) Health {
 	var allowed time.Duration
 	switch {
 	case p.PersistentKeepalive > 0:
-		allowed = wg.RejectAfterTime + p.PersistentKeepalive + handshakeSlack
-	case !sent.IsZero() && now.Sub(sent) < wg.RejectAfterTime:
-		allowed = wg.RejectAfterTime + handshakeSlack + now.Sub(sent)
+		allowed = topology.RejectAfterTime + p.PersistentKeepalive + handshakeSlack
+	case !sent.IsZero() && now.Sub(sent) < topology.RejectAfterTime:
+		allowed = topology.RejectAfterTime + handshakeSlack + now.Sub(sent)
 	default:
 		return Health{State: "idle"}
 	}

@@ -35,6 +35,12 @@ func (w *WireGuard) InitiateHandshakes(ctx context.Context) (int, error) {
 	return w.Manager.InitiateHandshakes(ctx)
 }
 
+// ActOnSessions implements reconcile.WireGuard: the plan's session
+// actions (nil: none, and no reading awaited).
+func (w *WireGuard) ActOnSessions(ctx context.Context, acts *topology.SessionActions) error {
+	return w.Manager.ActOnSessions(ctx, SessionActs(acts))
+}
+
 // Stats reads the device (metrics at scrape time).
 func (w *WireGuard) Stats(ctx context.Context) (wg.DeviceStats, error) { return w.Manager.Stats(ctx) }
 
@@ -162,6 +168,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 			AllowedIPs: p.AllowedIPs, PersistentKeepalive: int(p.PersistentKeepalive.Seconds()),
 		}
 	}
+	self.Sessions = SessionObservations(f.WireGuard.SessionFacts())
 	if f.CNI != nil {
 		st, err := f.CNI.Read()
 		self.CNI = topology.CNIState{Subnet: st.Subnet}

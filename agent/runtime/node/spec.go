@@ -48,3 +48,34 @@ func HostSpec(p topology.Plan) netlinkx.Spec {
 	}
 	return s
 }
+
+// SessionObservations are the WireGuard actuator's session facts in the
+// planner's terms (topology.Self.Sessions).
+func SessionObservations(facts []wg.SessionFact) []topology.SessionObservation {
+	if len(facts) == 0 {
+		return nil
+	}
+	out := make([]topology.SessionObservation, len(facts))
+	for i, f := range facts {
+		out[i] = topology.SessionObservation{PublicKey: topology.Key(f.PublicKey), At: f.At, Rx: f.Rx, Tx: f.Tx, Handshake: f.Handshake,
+			UnansweredFrom: f.UnansweredFrom, UnansweredSeen: f.UnansweredSeen, Probed: f.Probed, Recreated: f.Recreated,
+			Unheard: f.Unheard, Retried: f.Retried}
+	}
+	return out
+}
+
+// SessionActs is the plan's session actions in the WireGuard actuator's
+// terms (nil: none).
+func SessionActs(a *topology.SessionActions) wg.SessionActs {
+	if a == nil {
+		return wg.SessionActs{}
+	}
+	keys := func(ks []topology.Key) []wgtypes.Key {
+		out := make([]wgtypes.Key, len(ks))
+		for i, k := range ks {
+			out[i] = wgtypes.Key(k)
+		}
+		return out
+	}
+	return wg.SessionActs{Probe: keys(a.Probe), Recreate: keys(a.Recreate), Retry: keys(a.Retry), Recheck: a.Recheck}
+}

@@ -19,7 +19,8 @@ type stampWG struct {
 	apply chan struct{}
 }
 
-func (s *stampWG) InitiateHandshakes(context.Context) (int, error) { return 0, nil }
+func (s *stampWG) ActOnSessions(context.Context, *topology.SessionActions) error { return nil }
+func (s *stampWG) InitiateHandshakes(context.Context) (int, error)               { return 0, nil }
 
 func (s *stampWG) Apply(context.Context, topology.Device) (Changes, error) {
 	s.mu.Lock()

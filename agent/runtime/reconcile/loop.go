@@ -42,10 +42,12 @@ type SelfSource interface {
 // WireGuard applies the desired device and reports what it changed.
 // InitiateHandshakes runs after the host is applied (the link up): it greets
 // the peers the apply added, so a session the other side still holds is
-// replaced at once (wg.Manager.InitiateHandshakes).
+// replaced at once (wg.Manager.InitiateHandshakes). ActOnSessions carries
+// out the plan's half-dead session actions (probe, re-create; nil: none).
 type WireGuard interface {
 	Apply(ctx context.Context, dev topology.Device) (Changes, error)
 	InitiateHandshakes(ctx context.Context) (int, error)
+	ActOnSessions(ctx context.Context, acts *topology.SessionActions) error
 }
 
 // Host applies everything else: link, addresses, routes, rules, tunnel,
@@ -408,6 +410,13 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	wgChanges, err := l.WireGuard.Apply(ctx, plan.WireGuard)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("applying WireGuard device: %w", err))
+	}
+	if err == nil {
+		// The half-dead sessions of kg-run peers: whatever else fails,
+		// on the device as applied.
+		if err := l.WireGuard.ActOnSessions(ctx, plan.Sessions); err != nil {
+			errs = append(errs, fmt.Errorf("acting on WireGuard sessions: %w", err))
+		}
 	}
 	hostChanges, err := l.Host.Apply(ctx, plan)
 	if err != nil {

@@ -49,8 +49,16 @@ type fakeWG struct {
 	// InitiateHandshakes, how many host applies came before it.
 	host         *fakeHost
 	greetedAfter []int
+	// acted records every ActOnSessions.
+	acted []*topology.SessionActions
 }
 
+func (f *fakeWG) ActOnSessions(_ context.Context, a *topology.SessionActions) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.acted = append(f.acted, a)
+	return nil
+}
 func (f *fakeWG) InitiateHandshakes(context.Context) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -165,6 +173,33 @@ func TestRunOnceAppliesPlan(t *testing.T) {
 	// Handshakes start once, after the host (the link up) is applied.
 	if len(wg.greetedAfter) != 1 || wg.greetedAfter[0] != 1 {
 		t.Errorf("InitiateHandshakes after host applies %v, want [1]", wg.greetedAfter)
+	}
+}
+
+// TestRunOnceActsOnSessions: the plan's half-dead session actions, judged
+// from what the device's watch saw (Self.Sessions), go to the WireGuard
+// actuator in the same run, after the device is applied; not when the
+// apply failed.
+func TestRunOnceActsOnSessions(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, snap, wg, _, _ := newLoop(t, now)
+	kg := snap.snap.Nodes[1].PublicKey // b runs kg (no meshlet.io/version)
+	self := l.Self.(fakeSelf).self
+	self.Sessions = []topology.SessionObservation{{PublicKey: kg, At: now, Rx: 1, Tx: 9, Handshake: now.Add(-time.Minute),
+		UnansweredFrom: now.Add(-time.Second), UnansweredSeen: now.Add(-900 * time.Millisecond)}}
+	l.Self = fakeSelf{self}
+	if err := l.RunOnce(context.Background(), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(wg.acted) != 1 || wg.acted[0] == nil || len(wg.acted[0].Probe) != 1 || wg.acted[0].Probe[0] != kg {
+		t.Fatalf("acted %+v, want one probe of b", wg.acted)
+	}
+	wg.err = errors.New("device gone")
+	if err := l.RunOnce(context.Background(), time.Time{}); err == nil {
+		t.Fatal("a failed apply did not fail the run")
+	}
+	if len(wg.acted) != 1 {
+		t.Errorf("acted on sessions after a failed apply: %+v", wg.acted[1:])
 	}
 }
 

@@ -53,8 +53,9 @@ type watchWG struct {
 	wake  chan struct{}
 }
 
-func (f *watchWG) InitiateHandshakes(context.Context) (int, error) { return 0, nil }
-func (f *watchWG) Stats(context.Context) (wg.DeviceStats, error)   { return wg.DeviceStats{}, nil }
+func (f *watchWG) ActOnSessions(context.Context, *topology.SessionActions) error { return nil }
+func (f *watchWG) InitiateHandshakes(context.Context) (int, error)               { return 0, nil }
+func (f *watchWG) Stats(context.Context) (wg.DeviceStats, error)                 { return wg.DeviceStats{}, nil }
 
 func (f *watchWG) Apply(_ context.Context, d topology.Device) (reconcile.Changes, error) {
 	f.mu.Lock()

@@ -57,7 +57,8 @@ type applied struct {
 
 func newFakeWG() *fakeWG { return &fakeWG{wake: make(chan struct{}, 1)} }
 
-func (f *fakeWG) InitiateHandshakes(context.Context) (int, error) { return 0, nil }
+func (f *fakeWG) ActOnSessions(context.Context, *topology.SessionActions) error { return nil }
+func (f *fakeWG) InitiateHandshakes(context.Context) (int, error)               { return 0, nil }
 
 func (f *fakeWG) Apply(_ context.Context, d topology.Device) (reconcile.Changes, error) {
 	f.mu.Lock()
