@@ -257,11 +257,11 @@ func (m *Manager) ActOnSessions(ctx context.Context, acts SessionActs) error {
 	if len(recreate) > 0 {
 		err = m.recreate(ctx, recreate, again, now)
 	}
-	if len(probes) > 0 && m.probe != nil {
+	if send := m.probe; len(probes) > 0 && send != nil {
 		// Sent without the lock: the device is not touched.
 		m.mu.Unlock()
 		for _, a := range probes {
-			if perr := m.probe(ctx, a); perr != nil && ctx.Err() == nil {
+			if perr := send(ctx, a); perr != nil && ctx.Err() == nil {
 				m.log.Warn("probing a WireGuard session failed", "interface", m.iface, "address", a.String(), "error", perr)
 			}
 		}
