@@ -43,7 +43,8 @@ type WatchOptions struct {
 	Probe           func(ctx context.Context, addr netip.Addr) error
 	// OnRepair is called for every session re-established (metrics).
 	OnRepair func(peer string)
-	// Clock drives the reads and the session rule (nil: the real clock).
+	// Clock drives the reads and stamps the sessions' facts and what
+	// ActOnSessions does (nil: the real clock).
 	Clock clock.Clock
 }
 

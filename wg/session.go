@@ -94,10 +94,14 @@ func observe(st sessionState, s sessionSample, now time.Time) (sessionState, boo
 func (st *sessionState) probedAt(now time.Time) { st.probed = now }
 
 // recreatedAt records the peer removed and added back at now (retry: as the
-// one retry of its last re-creation): its counters restart, so the next
-// reading is a fresh start.
+// one retry of its last re-creation). A re-created peer's counters start
+// from zero, and that is what it is recorded at: so the reading that shows
+// its fresh handshake going out unanswered is traffic going unanswered (a
+// wake), and until that reading the rule sees the re-creation (not a peer
+// left out of SessionFacts, whose recheck a run in between would drop).
 func (st *sessionState) recreatedAt(now time.Time, retry bool) {
-	st.seen, st.unansweredFrom, st.unansweredSeen, st.probed = false, time.Time{}, time.Time{}, time.Time{}
+	st.last, st.lastAt, st.seen = sessionSample{}, now, true
+	st.unansweredFrom, st.unansweredSeen, st.probed = time.Time{}, time.Time{}, time.Time{}
 	if retry {
 		st.retried = true
 		return
@@ -181,15 +185,18 @@ func (w *sessionWatch) record(now time.Time, samples []watched) bool {
 	return wake
 }
 
-// pending reports whether a watched peer has traffic going unanswered or
-// the plan waits for a reading, so the watch reads fast until that is
-// settled.
+// pending reports whether the plan waits for a reading, or a watched peer
+// has traffic going unanswered within a session (a handshake): the watch
+// reads fast until that is settled. Traffic unanswered without a session
+// (a peer re-created, its fresh handshake unanswered) waits for the plan's
+// recheck alone, so a kg peer that is really gone is not read every 50 ms
+// for as long as traffic is sent to it.
 func (w *sessionWatch) pending() bool {
 	if !w.recheck.IsZero() {
 		return true
 	}
 	for _, st := range w.peers {
-		if !st.unansweredFrom.IsZero() {
+		if !st.unansweredFrom.IsZero() && !st.last.handshake.IsZero() {
 			return true
 		}
 	}
@@ -219,13 +226,16 @@ func (m *Manager) SessionFacts() []SessionFact {
 // is unanswered and not probed yet, a re-creation once it was probed, a
 // retry once per re-creation while its fresh handshake is unanswered.
 // Probes go out through WatchOptions.Probe; re-creations keep the endpoint
-// the peer is at. The watch reads fast until a reading reaches
+// the peer is at. The watch reads fast from now until a reading reaches
 // acts.Recheck.
 func (m *Manager) ActOnSessions(ctx context.Context, acts SessionActs) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	w := &m.sessions
 	w.recheck = acts.Recheck
+	// The watch may be waiting a quiet second: it plans its next reading
+	// anew (fast while a recheck is pending).
+	m.wakeWatch(!acts.Recheck.IsZero())
 	now := m.clock().Now()
 	var probes []netip.Addr
 	for _, k := range acts.Probe {

@@ -179,35 +179,12 @@ func TestAssessSessionAfterQuietReading(t *testing.T) {
 	}
 }
 
-// TestAssessSessionBackoff: a peer that stays silent is re-established at
-// most every MinBackoff, then less and less often (doubling to MaxBackoff).
-func TestAssessSessionBackoff(t *testing.T) {
-	t0 := time.Unix(1_800_000_000, 0)
-	hs := t0
-	var st ruled
-	var repairs []time.Duration
-	tx := int64(100)
-	for ms := 0; ms <= 40_000; ms += 100 {
-		now := t0.Add(time.Duration(ms) * time.Millisecond)
-		tx += 10
-		var act string
-		st, act = assessSession(st, sessionSample{rx: 50, tx: tx, handshake: hs}, now)
-		if act == sessionRepair {
-			repairs = append(repairs, now.Sub(t0))
-		}
-	}
-	// Unanswered from 0 ms, probed at 200 ms, repaired at 500 ms; then 5 s,
-	// 10 s, 20 s after the previous repair.
-	want := []time.Duration{500 * time.Millisecond, 5500 * time.Millisecond, 15500 * time.Millisecond, 35500 * time.Millisecond}
-	if len(repairs) != len(want) {
-		t.Fatalf("repairs at %v, want %v", repairs, want)
-	}
-	for i := range want {
-		if repairs[i] != want[i] {
-			t.Fatalf("repairs at %v, want %v", repairs, want)
-		}
-	}
-}
+// The back-off of a peer re-created again while silent since its last
+// re-creation (sessions.Backoff) is the rule's guard, judged in
+// agent/core/sessions (TestJudge); through the watch it does not come into
+// play: a re-created peer's counters start from zero and its handshake is
+// zero until the peer answers, and the rule re-creates only within a
+// session, so every re-creation after the first follows an answer.
 
 // TestAssessSessionRepairWorks: a kg peer that forgets the session every
 // 3 s (a kg rewriting its device on every change) is repaired after each
@@ -496,6 +473,86 @@ func TestActOnSessionsRetriesUnansweredFreshHandshake(t *testing.T) {
 	if m.sessions.pending() {
 		t.Error("still read fast 3.5 s after the retry")
 	}
+}
+
+// TestSessionRuleWithLoopLatency: the rule through the watch's own reading
+// cadence (readInterval after every act, as ActOnSessions wakes the watch),
+// a loop that acts 5 ms after the reading that woke it, and one more run
+// right after every re-creation (another event): a half-dead session is
+// re-created well within a second, and when its fresh handshake goes
+// unanswered the retry comes about RetryAfter later, not a reading cadence
+// or WireGuard's 5 s later.
+func TestSessionRuleWithLoopLatency(t *testing.T) {
+	ctx := context.Background()
+	priv, _ := wgtypes.GeneratePrivateKey()
+	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
+	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kg := PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
+		SessionProbe: netip.MustParseAddr("10.4.0.2")}
+	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{kg}}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	clk := testingclock.NewFakeClock(t0)
+	fc.dev.Peers[0].LastHandshakeTime, fc.dev.Peers[0].ReceiveBytes = t0.Add(-10*time.Second), 1000
+	o := WatchOptions{Sessions: true, Clock: clk, FastInterval: 50 * time.Millisecond}.withDefaults()
+	m.watchClock = clk
+	m.probe = func(context.Context, netip.Addr) error { return nil }
+	var made []time.Duration
+	m.onRepair = func(string) { made = append(made, clk.Since(t0)) }
+	const delta = 5 * time.Millisecond
+	runs := 0
+	var first time.Time // the reading that first saw traffic unanswered
+	for clk.Since(t0) < 5*time.Second {
+		clk.Step(m.readInterval(true, 0, o))
+		fc.edit(func(d *wgtypes.Device) {
+			p := &d.Peers[0]
+			switch len(made) {
+			case 0:
+				p.TransmitBytes += 100 // into the half-dead session
+			case 1:
+				p.TransmitBytes = 148 // the re-created peer's initiation, lost
+			default:
+				if p.ReceiveBytes == 0 { // the retry's initiation, answered
+					p.TransmitBytes, p.ReceiveBytes, p.LastHandshakeTime = 148, 92, clk.Now()
+				}
+			}
+		})
+		wake, _, err := m.watchOnce(ctx, o, false, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !wake {
+			continue
+		}
+		if first.IsZero() {
+			first = clk.Now()
+		}
+		clk.Step(delta)
+		before := len(made)
+		judgeAndAct(ctx, t, m)
+		runs++
+		if len(made) > before {
+			judgeAndAct(ctx, t, m) // a run for another reason, before the next reading
+			runs++
+		}
+	}
+	if len(made) != 2 {
+		t.Fatalf("re-created at %v, want a repair and one retry", made)
+	}
+	if d := made[0] - first.Sub(t0); d > 700*time.Millisecond {
+		t.Errorf("repaired %v after the first unanswered reading, want within 700 ms", d)
+	}
+	if gap := made[1] - made[0]; gap < time.Second || gap > time.Second+o.FastInterval+2*delta+50*time.Millisecond {
+		t.Errorf("retried %v after the repair, want RetryAfter (1 s) and a reading more at most", gap)
+	}
+	if m.sessions.pending() {
+		t.Error("still read fast after the retry was answered")
+	}
+	t.Logf("traffic unanswered from %v; re-created at %v; %d runs of the loop", first.Sub(t0), made, runs)
 }
 
 // TestFlowing: what the monitor reads fast (FlowRate).

@@ -411,12 +411,10 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("applying WireGuard device: %w", err))
 	}
-	if err == nil {
-		// The half-dead sessions of kg-run peers: whatever else fails,
-		// on the device as applied.
-		if err := l.WireGuard.ActOnSessions(ctx, plan.Sessions); err != nil {
-			errs = append(errs, fmt.Errorf("acting on WireGuard sessions: %w", err))
-		}
+	// The half-dead sessions of kg-run peers, whatever else failed (the
+	// actions touch only peers already on the device).
+	if err := l.WireGuard.ActOnSessions(ctx, plan.Sessions); err != nil {
+		errs = append(errs, fmt.Errorf("acting on WireGuard sessions: %w", err))
 	}
 	hostChanges, err := l.Host.Apply(ctx, plan)
 	if err != nil {
