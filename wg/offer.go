@@ -55,14 +55,6 @@ func (m *Manager) offerClock() clock.Clock {
 	return m.watchClock
 }
 
-// clock is the watch's clock, the real one while no watch runs.
-func (m *Manager) clock() clock.Clock {
-	if c := m.offerClock(); c != nil {
-		return c
-	}
-	return clock.RealClock{}
-}
-
 // keepOffer keeps d, whose read began at with m.writes at writes, for the
 // watch, if no write was going out then nor since.
 func (m *Manager) keepOffer(d *wgtypes.Device, at time.Time, writes uint64) {

@@ -224,7 +224,10 @@ func (m *Manager) SessionFacts() []SessionFact {
 // while the facts it was judged on still stand (a plan computed twice from
 // one reading probes and re-creates once): a probe while the peer's traffic
 // is unanswered and not probed yet, a re-creation once it was probed, a
-// retry once per re-creation while its fresh handshake is unanswered.
+// retry once per re-creation while its fresh handshake is unanswered. What
+// is done is recorded as of the reading it was judged on (the rule's times
+// count from what it saw: a run of the loop later, the next step is due at
+// the reading the plan's recheck names, not one after it).
 // Probes go out through WatchOptions.Probe; re-creations keep the endpoint
 // the peer is at. The watch reads fast from now until a reading reaches
 // acts.Recheck.
@@ -236,7 +239,6 @@ func (m *Manager) ActOnSessions(ctx context.Context, acts SessionActs) error {
 	// The watch may be waiting a quiet second: it plans its next reading
 	// anew (fast while a recheck is pending).
 	m.wakeWatch(!acts.Recheck.IsZero())
-	now := m.clock().Now()
 	var probes []netip.Addr
 	for _, k := range acts.Probe {
 		st, ok := w.peers[k]
@@ -244,7 +246,7 @@ func (m *Manager) ActOnSessions(ctx context.Context, acts SessionActs) error {
 		if !ok || p == nil || st.unansweredFrom.IsZero() || !st.probed.IsZero() {
 			continue
 		}
-		st.probedAt(now)
+		st.probedAt(st.lastAt)
 		w.peers[k] = st
 		probes = append(probes, p.SessionProbe)
 	}
@@ -265,7 +267,7 @@ func (m *Manager) ActOnSessions(ctx context.Context, acts SessionActs) error {
 	}
 	var err error
 	if len(recreate) > 0 {
-		err = m.recreate(ctx, recreate, again, now)
+		err = m.recreate(ctx, recreate, again)
 	}
 	if send := m.probe; len(probes) > 0 && send != nil {
 		// Sent without the lock: the device is not touched.
@@ -295,7 +297,7 @@ func (m *Manager) sessionPeer(k wgtypes.Key) *appliedPeer {
 // recreate removes and adds back peers in one configuration, keeping the
 // endpoint each is at, and records it (again: the retries among them).
 // Call with m.mu held.
-func (m *Manager) recreate(ctx context.Context, peers []*appliedPeer, again []wgtypes.Key, now time.Time) error {
+func (m *Manager) recreate(ctx context.Context, peers []*appliedPeer, again []wgtypes.Key) error {
 	retry := make(map[wgtypes.Key]bool, len(again))
 	for _, k := range again {
 		retry[k] = true
@@ -314,7 +316,7 @@ func (m *Manager) recreate(ctx context.Context, peers []*appliedPeer, again []wg
 	}
 	for _, p := range peers {
 		st := m.sessions.peers[p.PublicKey]
-		st.recreatedAt(now, retry[p.PublicKey])
+		st.recreatedAt(st.lastAt, retry[p.PublicKey])
 		m.sessions.peers[p.PublicKey] = st
 		msg := "re-established a half-dead WireGuard session (the peer forgot it)"
 		if retry[p.PublicKey] {

@@ -602,12 +602,13 @@ type SessionObservation struct {
 	// unanswered packet left after it), first seen at UnansweredSeen. Zero
 	// once the peer answers, and when it is re-created.
 	UnansweredFrom, UnansweredSeen time.Time
-	// Probed is when the probe of the current unanswered stretch went out
-	// (zero: none).
+	// Probed is the reading on which the probe of the current unanswered
+	// stretch was sent (zero: none): the rule's times count from what it
+	// saw, not from the run of the loop that acted a moment later.
 	Probed time.Time
-	// Recreated is when the peer was last removed and added back (zero:
-	// never), Unheard how many times since it was last heard from, Retried
-	// whether that last re-creation was retried once.
+	// Recreated is the reading on which the peer was last removed and added
+	// back (zero: never), Unheard how many times since it was last heard
+	// from, Retried whether that last re-creation was retried once.
 	Recreated time.Time
 	Unheard   int
 	Retried   bool

@@ -127,7 +127,8 @@ type Loop struct {
 
 	mu          sync.Mutex
 	firstChange time.Time
-	changes     int // notifications since the last run started
+	changes     int  // notifications since the last run started
+	urgent      bool // a NotifyNow since the last run started
 	wake        chan struct{}
 	once        sync.Once
 	sched       schedule
@@ -186,13 +187,23 @@ func (l *Loop) init() {
 // Notify schedules a run. seen is when a watcher saw the change (zero for
 // changes without an object, like a netlink event); the earliest pending
 // one is the start of the convergence measurement.
-func (l *Loop) Notify(seen time.Time) {
+func (l *Loop) Notify(seen time.Time) { l.notify(seen, false) }
+
+// NotifyNow schedules a run that does not wait for a storm's window, only
+// minWindow after the last run: for what the node itself reports (a route
+// deleted, the device drifted, a half-dead session's reading to judge),
+// which comes one at a time and costs traffic while it waits; a storm of
+// cluster events keeps its window.
+func (l *Loop) NotifyNow(seen time.Time) { l.notify(seen, true) }
+
+func (l *Loop) notify(seen time.Time, urgent bool) {
 	l.init()
 	l.mu.Lock()
 	if !seen.IsZero() && (l.firstChange.IsZero() || seen.Before(l.firstChange)) {
 		l.firstChange = seen
 	}
 	l.changes++
+	l.urgent = l.urgent || urgent
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -247,12 +258,17 @@ type schedule struct {
 // within a few milliseconds of each other.
 const minWindow = 20 * time.Millisecond
 
-// start is when a run for a change seen at now starts.
-func (s *schedule) start(now time.Time) time.Time {
+// start is when a run for a change seen at now starts (urgent: minWindow
+// after the last run, whatever the storm's window).
+func (s *schedule) start(now time.Time, urgent bool) time.Time {
 	if !s.ran {
 		return now
 	}
-	if end := s.lastEnd.Add(s.window()); end.After(now) {
+	w := s.window()
+	if urgent {
+		w = minWindow
+	}
+	if end := s.lastEnd.Add(w); end.After(now) {
 		return end
 	}
 	return now
@@ -290,6 +306,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	// pending holds a change back for the schedule; retry follows a failed
 	// run; expiry fires when a node's last-seen ages out.
 	var pending, retry, expiry clock.Timer
+	var pendingAt time.Time // when pending fires
 	defer func() { stop(pending); stop(retry); stop(expiry) }()
 	run := func() {
 		held := pending != nil
@@ -297,7 +314,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		pending = nil
 		l.mu.Lock()
 		first, changes := l.firstChange, l.changes
-		l.firstChange, l.changes = time.Time{}, 0
+		l.firstChange, l.changes, l.urgent = time.Time{}, 0, false
 		l.mu.Unlock()
 		stop(retry)
 		retry = nil
@@ -335,14 +352,19 @@ func (l *Loop) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-l.wake:
-			if pending != nil {
+			l.mu.Lock()
+			urgent := l.urgent
+			l.mu.Unlock()
+			now := l.Clock.Now()
+			at := l.sched.start(now, urgent)
+			if pending != nil && !at.Before(pendingAt) {
 				break // the pending run takes this change too
 			}
-			now := l.Clock.Now()
-			if at := l.sched.start(now); at.After(now) {
-				pending = l.Clock.NewTimer(at.Sub(now))
+			if at.After(now) {
+				stop(pending) // an urgent change moves it earlier
+				pending, pendingAt = l.Clock.NewTimer(at.Sub(now)), at
 			} else {
-				run()
+				run() // takes a pending run with it
 			}
 		case <-resync.C():
 			l.Notify(time.Time{})

@@ -406,6 +406,31 @@ func TestWindowFollowsRunTime(t *testing.T) {
 	waitRun(t, l, wg)
 }
 
+// TestNotifyNowSkipsTheStormWindow: a change held for a long window (the
+// last run took 500 ms) runs minWindow after that run once an urgent one
+// comes, taking the held change with it.
+func TestNotifyNowSkipsTheStormWindow(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l, _, wg, _, clk := newLoop(t, now)
+	l.Debounce = 100 * time.Millisecond
+	took := 500 * time.Millisecond
+	wg.onApply = func() { clk.Step(took) }
+	startLoop(t, l, wg, clk)
+	took = 0
+	waitIdle(t, l, clk)
+	l.Notify(clk.Now())
+	waitHeld(t, l, clk)
+	clk.Step(10 * time.Millisecond)
+	waitHeld(t, l, clk)
+	l.NotifyNow(clk.Now())
+	waitHeld(t, l, clk) // until minWindow (20 ms) after the last run
+	clk.Step(10 * time.Millisecond)
+	waitRun(t, l, wg)
+	if n := wg.runs(); n != 2 {
+		t.Fatalf("%d runs, want the first and one for both changes", n)
+	}
+}
+
 // TestConvergenceIsWatchToDataPlane: meshlet_convergence_seconds runs from
 // the watch event to the data plane written (device and host), whatever
 // comes after (publishing), and is not observed when the data plane failed.
@@ -547,31 +572,36 @@ func TestSchedule(t *testing.T) {
 		changes    int
 	}
 	for _, tc := range []struct {
-		name string
-		runs []run
-		now  time.Time
-		want time.Time
+		name   string
+		runs   []run
+		now    time.Time
+		want   time.Time
+		urgent bool
 	}{
-		{"first change: at once", nil, ms(5), ms(5)},
-		{"after a quiet window: at once", []run{{ms(0), ms(5), false, 1}}, ms(25), ms(25)},
-		{"within the window after a quick run: its end", []run{{ms(0), ms(5), false, 1}}, ms(10), ms(25)},
-		{"after a 60 ms run: a 60 ms window", []run{{ms(0), ms(60), false, 1}}, ms(70), ms(120)},
-		{"after a 2 s run: the window is Debounce", []run{{ms(0), ms(2000), false, 1}}, ms(2001), ms(2100)},
+		{"first change: at once", nil, ms(5), ms(5), false},
+		{"after a quiet window: at once", []run{{ms(0), ms(5), false, 1}}, ms(25), ms(25), false},
+		{"within the window after a quick run: its end", []run{{ms(0), ms(5), false, 1}}, ms(10), ms(25), false},
+		{"after a 60 ms run: a 60 ms window", []run{{ms(0), ms(60), false, 1}}, ms(70), ms(120), false},
+		{"after a 2 s run: the window is Debounce", []run{{ms(0), ms(2000), false, 1}}, ms(2001), ms(2100), false},
 		{"single changes in sequence keep the short window",
-			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 1}, {ms(50), ms(55), true, 1}}, ms(60), ms(75)},
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 1}, {ms(50), ms(55), true, 1}}, ms(60), ms(75), false},
 		{"a storm doubles the window per held run",
-			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}}, ms(80), ms(155)},
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}}, ms(80), ms(155), false},
 		{"up to Debounce",
-			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(155), ms(160), true, 8}}, ms(170), ms(260)},
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(155), ms(160), true, 8}}, ms(170), ms(260), false},
 		{"a run at once after the storm resets it",
-			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(500), ms(505), false, 1}}, ms(510), ms(525)},
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}, {ms(500), ms(505), false, 1}}, ms(510), ms(525), false},
+		{"urgent in a storm: minWindow after the last run",
+			[]run{{ms(0), ms(5), false, 1}, {ms(25), ms(30), true, 4}, {ms(70), ms(75), true, 8}}, ms(80), ms(95), true},
+		{"urgent after a 2 s run: minWindow, not Debounce", []run{{ms(0), ms(2000), false, 1}}, ms(2001), ms(2020), true},
+		{"urgent after a quiet window: at once", []run{{ms(0), ms(5), false, 1}}, ms(25), ms(25), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := schedule{max: 100 * time.Millisecond}
 			for _, r := range tc.runs {
 				s.done(r.start, r.end, r.held, r.changes)
 			}
-			if got := s.start(tc.now); !got.Equal(tc.want) {
+			if got := s.start(tc.now, tc.urgent); !got.Equal(tc.want) {
 				t.Errorf("start(%v) = %v, want %v", tc.now.Sub(t0), got.Sub(t0), tc.want.Sub(t0))
 			}
 		})

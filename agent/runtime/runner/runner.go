@@ -66,7 +66,9 @@ type Options struct {
 	Host       reconcile.Host
 	Self       reconcile.SelfSource
 	// HostEvents signals changes under meshlet's feet (deleted route, kilo0
-	// down); nil when the host cannot watch.
+	// down, the WireGuard device drifted, a half-dead session's reading to
+	// judge); nil when the host cannot watch. Each runs the loop without a
+	// storm's window (reconcile.Loop.NotifyNow).
 	HostEvents <-chan struct{}
 	Registry   *prometheus.Registry
 	Log        *slog.Logger
@@ -461,7 +463,7 @@ func (a *Agent) forward(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-a.opts.HostEvents:
-			a.Loop.Notify(a.opts.Clock.Now())
+			a.Loop.NotifyNow(a.opts.Clock.Now())
 		}
 	}
 }
