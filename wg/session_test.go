@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"k8s.io/utils/clock"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/meshlet/meshlet/agent/core/sessions"
@@ -335,6 +336,22 @@ func judged(m *Manager) SessionActs {
 	return acts
 }
 
+// kgPeer is a kg-run peer: under the half-dead rule.
+var kgPeer = PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
+	SessionProbe: netip.MustParseAddr("10.4.0.2")}
+
+// newSessionManager is a Manager on a fake device with peers applied, its
+// session facts and actions stamped by clk (as Watch's clock does).
+func newSessionManager(ctx context.Context, t *testing.T, clk clock.Clock, peers ...PeerSpec) (*Manager, *fakeClient) {
+	t.Helper()
+	m, fc := newFakeManager(t)
+	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: peers}); err != nil {
+		t.Fatal(err)
+	}
+	m.watchClock = clk
+	return m, fc
+}
+
 // judgeAndAct is one run of the loop for the sessions: the manager's
 // facts judged by the planner's rule, its actions carried out.
 func judgeAndAct(ctx context.Context, t *testing.T, m *Manager) {
@@ -352,29 +369,20 @@ func judgeAndAct(ctx context.Context, t *testing.T, m *Manager) {
 // from the same facts acts once).
 func TestActOnSessionsRepairsHalfDeadSession(t *testing.T) {
 	ctx := context.Background()
-	priv, _ := wgtypes.GeneratePrivateKey()
-	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
-	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kg := PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
-		PersistentKeepalive: 25 * time.Second, Roaming: true, SessionProbe: netip.MustParseAddr("10.4.0.2")}
+	kg := kgPeer
+	kg.PersistentKeepalive, kg.Roaming = 25*time.Second, true
 	ml := PeerSpec{Name: "meshlet", PublicKey: testKey(2), Endpoint: "192.0.2.2:51820", AllowedIPs: pfx("10.4.0.3/32")}
-	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{kg, ml}}); err != nil {
-		t.Fatal(err)
-	}
 	now := time.Unix(1_800_000_000, 0)
+	clk := testingclock.NewFakeClock(now)
+	m, fc := newSessionManager(ctx, t, clk, kg, ml)
 	for i := range fc.dev.Peers {
 		fc.dev.Peers[i].LastHandshakeTime = now.Add(-10 * time.Second)
 		fc.dev.Peers[i].ReceiveBytes = 1000
 	}
 	fc.dev.Peers[0].Endpoint = udp("198.51.100.7:40000") // roamed
-	clk := testingclock.NewFakeClock(now)
 	var repaired []string
 	var probed []netip.Addr
 	o := WatchOptions{Sessions: true, Clock: clk}.withDefaults()
-	m.watchClock = clk
 	m.probe = func(_ context.Context, a netip.Addr) error { probed = append(probed, a); return nil }
 	m.onRepair = func(p string) { repaired = append(repaired, p) }
 	configs := len(fc.configs)
@@ -425,24 +433,14 @@ func TestActOnSessionsRepairsHalfDeadSession(t *testing.T) {
 // (the plan's recheck) without any event.
 func TestActOnSessionsRetriesUnansweredFreshHandshake(t *testing.T) {
 	ctx := context.Background()
-	priv, _ := wgtypes.GeneratePrivateKey()
-	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
-	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kg := PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
-		SessionProbe: netip.MustParseAddr("10.4.0.2")}
-	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{kg}}); err != nil {
-		t.Fatal(err)
-	}
+	kg := kgPeer
 	now := time.Unix(1_800_000_000, 0)
+	clk := testingclock.NewFakeClock(now)
+	m, fc := newSessionManager(ctx, t, clk, kg)
 	fc.dev.Peers[0].LastHandshakeTime = now.Add(-10 * time.Second)
 	fc.dev.Peers[0].ReceiveBytes = 1000
-	clk := testingclock.NewFakeClock(now)
 	var repaired []time.Duration
 	o := WatchOptions{Sessions: true, Clock: clk}.withDefaults()
-	m.watchClock = clk
 	m.probe = func(context.Context, netip.Addr) error { return nil }
 	m.onRepair = func(string) { repaired = append(repaired, clk.Since(now)) }
 	for i := 0; i < 40; i++ {
@@ -484,22 +482,11 @@ func TestActOnSessionsRetriesUnansweredFreshHandshake(t *testing.T) {
 // or WireGuard's 5 s later.
 func TestSessionRuleWithLoopLatency(t *testing.T) {
 	ctx := context.Background()
-	priv, _ := wgtypes.GeneratePrivateKey()
-	fc := &fakeClient{dev: wgtypes.Device{Name: "kilo0"}}
-	m, err := NewManager(Config{Interface: "kilo0", PrivateKey: priv, Client: fc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kg := PeerSpec{Name: "kg", PublicKey: testKey(1), Endpoint: "192.0.2.1:51820", AllowedIPs: pfx("10.4.0.2/32"),
-		SessionProbe: netip.MustParseAddr("10.4.0.2")}
-	if _, err := m.Apply(ctx, DeviceSpec{ListenPort: 51820, Peers: []PeerSpec{kg}}); err != nil {
-		t.Fatal(err)
-	}
 	t0 := time.Unix(1_800_000_000, 0)
 	clk := testingclock.NewFakeClock(t0)
+	m, fc := newSessionManager(ctx, t, clk, kgPeer)
 	fc.dev.Peers[0].LastHandshakeTime, fc.dev.Peers[0].ReceiveBytes = t0.Add(-10*time.Second), 1000
 	o := WatchOptions{Sessions: true, Clock: clk, FastInterval: 50 * time.Millisecond}.withDefaults()
-	m.watchClock = clk
 	m.probe = func(context.Context, netip.Addr) error { return nil }
 	var made []time.Duration
 	m.onRepair = func(string) { made = append(made, clk.Since(t0)) }
