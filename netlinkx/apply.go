@@ -123,6 +123,7 @@ func (h *Host) Cleanup(ctx context.Context, opts CleanupOptions) error {
 	h.applyMu.Lock()
 	defer h.applyMu.Unlock()
 	h.applied = nil
+	h.forgetAbsent()
 	var errs []error
 	if _, err := h.EnsureFirewall(ctx, Firewall{}); err != nil {
 		errs = append(errs, err)

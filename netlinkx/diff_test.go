@@ -1,7 +1,9 @@
 package netlinkx
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"reflect"
@@ -223,15 +225,23 @@ func TestPlanChain(t *testing.T) {
 // fakeIPT is an in-memory iptables with -S style listing.
 type fakeIPT struct {
 	chains map[string][]string // "table/chain" -> rules
-	calls  []string
+	calls  []string            // writes
+	reads  int                 // Lists and ChainExists: each an iptables fork
 }
+
+// exitStatus is an iptables exit as go-iptables reports it.
+type exitStatus int
+
+func (e exitStatus) Error() string   { return fmt.Sprintf("iptables exited %d", int(e)) }
+func (e exitStatus) ExitStatus() int { return int(e) }
 
 func (f *fakeIPT) k(t, c string) string { return t + "/" + c }
 
 func (f *fakeIPT) List(t, c string) ([]string, error) {
+	f.reads++
 	rules, ok := f.chains[f.k(t, c)]
 	if !ok {
-		return nil, fmt.Errorf("no chain %s", c)
+		return nil, fmt.Errorf("running iptables -S %s: %w", c, exitStatus(1))
 	}
 	out := []string{"-N " + c}
 	for _, r := range rules {
@@ -240,6 +250,7 @@ func (f *fakeIPT) List(t, c string) ([]string, error) {
 	return out, nil
 }
 func (f *fakeIPT) ChainExists(t, c string) (bool, error) {
+	f.reads++
 	_, ok := f.chains[f.k(t, c)]
 	return ok, nil
 }
@@ -303,6 +314,56 @@ func TestReconcileChain(t *testing.T) {
 	}
 	if _, ok := f.chains["nat/MESHLET-NAT"]; ok || len(f.chains["nat/POSTROUTING"]) != 1 {
 		t.Errorf("after removal: %v", f.chains)
+	}
+}
+
+// TestEnsureFirewallReads follows the iptables forks (reads) of a host's
+// checks: everything at the first, then only the chains wanted; a drift
+// of a wanted chain is still mended, a chain no longer wanted is removed
+// and then not read again, and Cleanup reads everything.
+func TestEnsureFirewallReads(t *testing.T) {
+	v4 := &fakeIPT{chains: map[string][]string{"nat/POSTROUTING": {"-s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"}, "filter/FORWARD": {"-j DROP"}}}
+	v6 := &fakeIPT{chains: map[string][]string{"nat/POSTROUTING": {}, "filter/FORWARD": {}}}
+	h := &Host{log: slog.New(slog.DiscardHandler), ipt: map[family]iptablesClient{ipv4: v4, ipv6: v6}}
+	nat := Firewall{NAT: NAT{Sources: pfx("10.2.0.0/24")}}
+	both := Firewall{NAT: nat.NAT, Forward: pfx("10.2.0.0/24")}
+	for _, step := range []struct {
+		name    string
+		fw      Firewall
+		drift   func()
+		cleanup bool
+		reads4  int // forks per family
+		reads6  int
+		changes int
+	}{
+		{name: "first check: every chain", fw: nat, reads4: 1 + 1 + 2, reads6: 2 + 2, changes: 3},
+		{name: "recheck: the wanted chain and its parent", fw: nat, reads4: 2},
+		{name: "a rule removed behind meshlet's back", fw: nat, drift: func() { v4.chains["nat/"+ChainNAT] = nil }, reads4: 2, changes: 1},
+		{name: "forward rules wanted", fw: both, reads4: 2 + 2, changes: 4},
+		{name: "recheck of both", fw: both, reads4: 4},
+		{name: "NAT no longer wanted", fw: Firewall{Forward: both.Forward}, reads4: 2 + 2, changes: 2},
+		{name: "recheck: the removed chain is not read", fw: Firewall{Forward: both.Forward}, reads4: 2},
+		{name: "cleanup reads everything", cleanup: true, reads4: 2 + 2, reads6: 2 + 2, changes: 2},
+	} {
+		if step.drift != nil {
+			step.drift()
+		}
+		v4.reads, v6.reads = 0, 0
+		var rep FirewallReport
+		var err error
+		if step.cleanup {
+			h.forgetAbsent()
+		}
+		rep, err = h.EnsureFirewall(context.Background(), step.fw)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if v4.reads != step.reads4 || v6.reads != step.reads6 || len(rep.Changes) != step.changes {
+			t.Errorf("%s: %d IPv4 and %d IPv6 reads, %d changes %v; want %d, %d, %d", step.name, v4.reads, v6.reads, len(rep.Changes), rep.Changes, step.reads4, step.reads6, step.changes)
+		}
+	}
+	if len(v4.chains) != 2 || len(v4.chains["nat/POSTROUTING"]) != 1 || len(v4.chains["filter/FORWARD"]) != 1 {
+		t.Errorf("after cleanup: %v", v4.chains)
 	}
 }
 

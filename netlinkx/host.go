@@ -77,6 +77,9 @@ type Host struct {
 
 	iptMu sync.Mutex
 	ipt   map[family]iptablesClient
+	// absent: chains (absentKey) not wanted that a check of this process
+	// found or left absent (EnsureFirewall).
+	absent map[string]bool
 
 	sysctlMu    sync.Mutex
 	sysctlNoted map[string]string // sysctls left as the host has them, logged once

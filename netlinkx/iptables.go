@@ -179,6 +179,16 @@ func (h *Host) iptables(f family) (iptablesClient, error) {
 }
 
 // EnsureFirewall reconciles meshlet's chains for IPv4 and IPv6.
+//
+// Each check reads what it must by forking iptables, a few milliseconds of
+// CPU each and, at every periodic check (Options.Recheck), most of what an
+// idle agent's children cost (docs/performance.md#idle). So it forks as
+// little as the state allows: a wanted chain is listed without asking
+// first whether it exists (a listing of a missing chain says so), and a
+// chain that is not wanted and that an earlier check of this process found
+// absent is not read again — only meshlet creates its chains, and a jump
+// to a missing chain cannot exist — until it is wanted again or Cleanup
+// runs (which reads everything).
 func (h *Host) EnsureFirewall(ctx context.Context, fw Firewall) (FirewallReport, error) {
 	var rep FirewallReport
 	var errs []error
@@ -186,7 +196,15 @@ func (h *Host) EnsureFirewall(ctx context.Context, fw Firewall) (FirewallReport,
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		specs := desiredChains(fw, f)
+		var specs []chainSpec
+		for _, cs := range desiredChains(fw, f) {
+			if len(cs.rules) > 0 || !h.knownAbsent(f, cs) {
+				specs = append(specs, cs)
+			}
+		}
+		if len(specs) == 0 {
+			continue
+		}
 		c, err := h.iptables(f)
 		if err != nil {
 			// A host without ip6tables (IPv6 disabled) is fine as long as
@@ -206,30 +224,65 @@ func (h *Host) EnsureFirewall(ctx context.Context, fw Firewall) (FirewallReport,
 			if err != nil {
 				errs = append(errs, fmt.Errorf("netlinkx: %s %s/%s: %w", f, cs.table, cs.chain, err))
 			}
+			h.setAbsent(f, cs, err == nil && len(cs.rules) == 0)
 		}
 	}
 	return rep, errors.Join(errs...)
 }
 
+// knownAbsent: an earlier check of this process left cs's chain absent
+// (with no jump to it).
+func (h *Host) knownAbsent(f family, cs chainSpec) bool {
+	h.iptMu.Lock()
+	defer h.iptMu.Unlock()
+	return h.absent[absentKey(f, cs)]
+}
+
+func (h *Host) setAbsent(f family, cs chainSpec, absent bool) {
+	h.iptMu.Lock()
+	defer h.iptMu.Unlock()
+	if !absent {
+		delete(h.absent, absentKey(f, cs))
+		return
+	}
+	if h.absent == nil {
+		h.absent = map[string]bool{}
+	}
+	h.absent[absentKey(f, cs)] = true
+}
+
+// forgetAbsent makes the next check read every chain.
+func (h *Host) forgetAbsent() {
+	h.iptMu.Lock()
+	defer h.iptMu.Unlock()
+	h.absent = nil
+}
+
+func absentKey(f family, cs chainSpec) string { return f.String() + " " + cs.table + "/" + cs.chain }
+
+// missingChain: iptables -S of a chain the table lacks exits with status 1
+// (go-iptables' own ChainExists reads it so).
+func missingChain(err error) bool {
+	var e interface{ ExitStatus() int }
+	return errors.As(err, &e) && e.ExitStatus() == 1
+}
+
 func reconcileChain(c iptablesClient, cs chainSpec) ([]string, error) {
 	var changes []string
-	exists, err := c.ChainExists(cs.table, cs.chain)
-	if err != nil {
-		return nil, err
-	}
-	if len(cs.rules) > 0 && !exists {
-		if err := c.NewChain(cs.table, cs.chain); err != nil {
-			return nil, err
-		}
-		changes = append(changes, "created chain "+cs.table+"/"+cs.chain)
-		exists = true
-	}
+	exists := false // of a chain not wanted
 	// Chain content before jumps: a new jump never lands in a chain that is
 	// still being filled.
 	if len(cs.rules) > 0 {
 		lines, err := c.List(cs.table, cs.chain)
-		if err != nil {
-			return changes, err
+		switch {
+		case err == nil:
+		case missingChain(err):
+			if err := c.NewChain(cs.table, cs.chain); err != nil {
+				return nil, err
+			}
+			changes = append(changes, "created chain "+cs.table+"/"+cs.chain)
+		default:
+			return nil, err
 		}
 		for _, op := range planChain(parseChainList(lines, cs.chain), cs.rules) {
 			if op.insert {
@@ -242,6 +295,11 @@ func reconcileChain(c iptablesClient, cs chainSpec) ([]string, error) {
 			if err != nil {
 				return changes, err
 			}
+		}
+	} else {
+		var err error
+		if exists, err = c.ChainExists(cs.table, cs.chain); err != nil {
+			return nil, err
 		}
 	}
 	// Jumps in the parent chain: remove stale ones, append missing ones.
