@@ -376,16 +376,23 @@ func TestBurstCoalesced(t *testing.T) {
 	}
 }
 
+// startTimedLoop starts a loop with a 100 ms Debounce whose every run
+// takes *took on its clock.
+func startTimedLoop(t *testing.T, took *time.Duration) (*Loop, *fakeWG, *testingclock.FakeClock) {
+	t.Helper()
+	l, _, wg, _, clk := newLoop(t, time.Unix(1_800_000_000, 0))
+	l.Debounce = 100 * time.Millisecond
+	wg.onApply = func() { clk.Step(*took) }
+	startLoop(t, l, wg, clk)
+	return l, wg, clk
+}
+
 // TestWindowFollowsRunTime: after a run that took 60 ms the window is
 // 60 ms (the loop runs at most about half the time during a storm), and
 // never more than Debounce.
 func TestWindowFollowsRunTime(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	l, _, wg, _, clk := newLoop(t, now)
-	l.Debounce = 100 * time.Millisecond
 	took := 60 * time.Millisecond
-	wg.onApply = func() { clk.Step(took) }
-	startLoop(t, l, wg, clk)
+	l, wg, clk := startTimedLoop(t, &took)
 	clk.Step(30 * time.Millisecond)
 	l.Notify(clk.Now())
 	waitHeld(t, l, clk)
@@ -410,12 +417,8 @@ func TestWindowFollowsRunTime(t *testing.T) {
 // last run took 500 ms) runs minWindow after that run once an urgent one
 // comes, taking the held change with it.
 func TestNotifyNowSkipsTheStormWindow(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	l, _, wg, _, clk := newLoop(t, now)
-	l.Debounce = 100 * time.Millisecond
 	took := 500 * time.Millisecond
-	wg.onApply = func() { clk.Step(took) }
-	startLoop(t, l, wg, clk)
+	l, wg, clk := startTimedLoop(t, &took)
 	took = 0
 	waitIdle(t, l, clk)
 	l.Notify(clk.Now())
