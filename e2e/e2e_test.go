@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/runtime/leadership"
 	"github.com/meshlet/meshlet/agent/runtime/status"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 	"github.com/meshlet/meshlet/e2e/harness"
@@ -47,12 +48,35 @@ func prereqs(t *testing.T) {
 	}
 }
 
+// leaseTiming is the location Lease's duration and renewal every agent of
+// a test runs with: meshlet's defaults, or MESHLET_LEASE (e.g. "6s/2s",
+// set reports true) to measure another point of the trade-off between
+// failover time and the Lease holder's idle cost
+// (docs/performance.md#lease-timing).
+func leaseTiming(t *testing.T) (duration, renew time.Duration, set bool) {
+	t.Helper()
+	v := os.Getenv("MESHLET_LEASE")
+	if v == "" {
+		return leadership.DefaultDuration, leadership.DefaultRenew, false
+	}
+	ds, rs, ok := strings.Cut(v, "/")
+	d, err1 := time.ParseDuration(ds)
+	r, err2 := time.ParseDuration(rs)
+	if !ok || err1 != nil || err2 != nil {
+		t.Fatalf("MESHLET_LEASE=%q: want <duration>/<renew>, e.g. 6s/2s", v)
+	}
+	return d, r, true
+}
+
 // newEnv returns a fresh harness, torn down when the test ends (also on
 // failure, after dumping the tail of every meshlet log).
 func newEnv(t *testing.T, tune ...func(*harness.Options)) (*harness.Env, context.Context) {
 	t.Helper()
 	prereqs(t)
 	opts := harness.Options{Logf: t.Logf, KeepDir: os.Getenv("E2E_KEEP") != ""}
+	if d, r, set := leaseTiming(t); set {
+		opts.MeshletArgs = append(opts.MeshletArgs, "--leader-lease-duration="+d.String(), "--leader-lease-renew="+r.String())
+	}
 	for _, f := range tune {
 		f(&opts)
 	}

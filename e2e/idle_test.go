@@ -77,6 +77,7 @@ func TestIdleCost(t *testing.T) {
 	pace(ctx, window)
 	took := time.Since(start)
 	wg.Wait()
+	lease, renew, _ := leaseTiming(t)
 	pct := func(d time.Duration) string { return fmt.Sprintf("%.3f %%", 100*d.Seconds()/took.Seconds()) }
 	for _, n := range nodes {
 		b, a := before[n.Name], read(n)
@@ -89,9 +90,9 @@ func TestIdleCost(t *testing.T) {
 		failed := delta("meshlet_reconciles_total", "result", "error")
 		changes := delta("meshlet_dataplane_changes_total")
 		patches := delta("meshlet_annotation_patches_total")
-		report(t, "%s, %s: agent %s of a core + its device %s over %s; %.0f runs (%.1f a minute), %.0f failed, %.0f data-plane changes, %.0f annotation patches",
+		report(t, "%s, %s: agent %s of a core + its device %s over %s; %.0f runs (%.1f a minute), %.0f failed, %.0f data-plane changes, %.0f annotation patches; Lease %v renewed every %v",
 			n.Name, role[n.Name], pct(a.agent-b.agent), pct(a.others-b.others), took.Round(time.Second),
-			runs, runs/took.Minutes(), failed, changes, patches)
+			runs, runs/took.Minutes(), failed, changes, patches, lease, renew)
 		if changes != 0 || failed != 0 {
 			t.Errorf("%s: an idle mesh changed the data plane %v times (%v runs failed)", n.Name, changes, failed)
 		}

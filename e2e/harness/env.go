@@ -50,6 +50,9 @@ type Options struct {
 	// SlowEtcd puts a delay line between every cluster's kube-apiserver
 	// and its etcd (Cluster.Server.Etcd sets the latency).
 	SlowEtcd bool
+	// MeshletArgs are added to every meshlet's command line, before its
+	// cluster's and its node's ExtraArgs (which can override them).
+	MeshletArgs []string
 }
 
 // Env is one test mesh.

@@ -168,6 +168,7 @@ func (n *Node) Args() []string {
 			"--namespace=" + Namespace,
 			"--cluster-name=" + c.Name,
 		}
+		args = append(args, n.env.opts.MeshletArgs...)
 		args = append(args, c.ExtraArgs...)
 		return append(args, n.ExtraArgs...)
 	}
@@ -189,6 +190,7 @@ func (n *Node) Args() []string {
 		"--resync-period=" + n.env.opts.ResyncPeriod.String(),
 		"--log-level=" + n.env.opts.LogLevel,
 	}
+	args = append(args, n.env.opts.MeshletArgs...)
 	args = append(args, c.ExtraArgs...)
 	return append(args, n.ExtraArgs...)
 }
