@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshlet/meshlet/agent/runtime/leadership"
+	"github.com/spf13/pflag"
+
+	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/status"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 	"github.com/meshlet/meshlet/e2e/harness"
@@ -48,24 +50,26 @@ func prereqs(t *testing.T) {
 	}
 }
 
-// leaseTiming is the location Lease's duration and renewal every agent of
-// a test runs with: meshlet's defaults, or MESHLET_LEASE (e.g. "6s/2s",
-// set reports true) to measure another point of the trade-off between
+// meshletArgs are the flags MESHLET_ARGS adds to every agent of a test
+// (space-separated, e.g. "--leader-lease-duration=15s
+// --leader-lease-renew=5s"): another point of the trade-off between
 // failover time and the Lease holder's idle cost
 // (docs/performance.md#lease-timing).
-func leaseTiming(t *testing.T) (duration, renew time.Duration, set bool) {
+func meshletArgs() []string { return strings.Fields(os.Getenv("MESHLET_ARGS")) }
+
+// leaseTiming is the location Lease's duration and renewal the agents of a
+// test run with: MESHLET_ARGS read by meshlet's own flags, over its
+// defaults.
+func leaseTiming(t *testing.T) (duration, renew time.Duration) {
 	t.Helper()
-	v := os.Getenv("MESHLET_LEASE")
-	if v == "" {
-		return leadership.DefaultDuration, leadership.DefaultRenew, false
+	var c config.Config
+	fs := pflag.NewFlagSet("MESHLET_ARGS", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	c.RegisterAgent(fs)
+	if err := fs.Parse(meshletArgs()); err != nil {
+		t.Fatalf("MESHLET_ARGS: %v", err)
 	}
-	ds, rs, ok := strings.Cut(v, "/")
-	d, err1 := time.ParseDuration(ds)
-	r, err2 := time.ParseDuration(rs)
-	if !ok || err1 != nil || err2 != nil {
-		t.Fatalf("MESHLET_LEASE=%q: want <duration>/<renew>, e.g. 6s/2s", v)
-	}
-	return d, r, true
+	return c.LeaseDuration, c.LeaseRenew
 }
 
 // newEnv returns a fresh harness, torn down when the test ends (also on
@@ -74,9 +78,7 @@ func newEnv(t *testing.T, tune ...func(*harness.Options)) (*harness.Env, context
 	t.Helper()
 	prereqs(t)
 	opts := harness.Options{Logf: t.Logf, KeepDir: os.Getenv("E2E_KEEP") != ""}
-	if d, r, set := leaseTiming(t); set {
-		opts.MeshletArgs = append(opts.MeshletArgs, "--leader-lease-duration="+d.String(), "--leader-lease-renew="+r.String())
-	}
+	opts.MeshletArgs = meshletArgs()
 	for _, f := range tune {
 		f(&opts)
 	}

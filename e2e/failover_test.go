@@ -140,7 +140,7 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	mon.Stop()
 	res := mon.Result()
-	lease, renew, _ := leaseTiming(t)
+	lease, renew := leaseTiming(t)
 	report(t, "a-x1 powered off: cross-cluster ping (10/s) to b-z1 resumed %v after power-off from the next leader a-x2 (%d lost) and %v from the non-leader a-x3 (%d lost) (goal < 5 s with the default Lease; this run's: %v, renewed every %v; Kilo's rule: when last-seen leaves its 60 s window); %s",
 		took.Round(100*time.Millisecond), tl.Lost, took3.Round(100*time.Millisecond), tl3.Lost, lease, renew, res)
 	must(t, res.Check())

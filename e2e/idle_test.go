@@ -77,7 +77,7 @@ func TestIdleCost(t *testing.T) {
 	pace(ctx, window)
 	took := time.Since(start)
 	wg.Wait()
-	lease, renew, _ := leaseTiming(t)
+	lease, renew := leaseTiming(t)
 	pct := func(d time.Duration) string { return fmt.Sprintf("%.3f %%", 100*d.Seconds()/took.Seconds()) }
 	for _, n := range nodes {
 		b, a := before[n.Name], read(n)
