@@ -168,9 +168,7 @@ func (n *Node) Args() []string {
 			"--namespace=" + Namespace,
 			"--cluster-name=" + c.Name,
 		}
-		args = append(args, n.env.opts.MeshletArgs...)
-		args = append(args, c.ExtraArgs...)
-		return append(args, n.ExtraArgs...)
+		return append(args, n.extraArgs()...)
 	}
 	args := []string{"run",
 		"--wireguard=userspace",
@@ -190,8 +188,14 @@ func (n *Node) Args() []string {
 		"--resync-period=" + n.env.opts.ResyncPeriod.String(),
 		"--log-level=" + n.env.opts.LogLevel,
 	}
-	args = append(args, n.env.opts.MeshletArgs...)
-	args = append(args, c.ExtraArgs...)
+	return append(args, n.extraArgs()...)
+}
+
+// extraArgs follow meshlet's command line in either shape: the Env's,
+// then the cluster's, then the node's, so the later override the earlier.
+func (n *Node) extraArgs() []string {
+	args := append([]string(nil), n.env.opts.MeshletArgs...)
+	args = append(args, n.Cluster.ExtraArgs...)
 	return append(args, n.ExtraArgs...)
 }
 
