@@ -85,9 +85,12 @@ func (h *Host) Apply(ctx context.Context, spec Spec) (rep Report, err error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	rep.Routes, err = h.ReconcileRoutes(ctx, spec.Routes)
+	rep.Routes, err = h.ReconcileRoutes(ctx, spec.Routes, spec.Link.Name)
 	if err != nil {
 		errs = append(errs, err)
+	}
+	for _, c := range rep.Routes.Conflicts {
+		h.log.Warn("route left to the host", "route", c)
 	}
 	rep.Rules, err = h.ReconcileRules(ctx, spec.Rules)
 	if err != nil {
@@ -128,7 +131,7 @@ func (h *Host) Cleanup(ctx context.Context, opts CleanupOptions) error {
 	if _, err := h.EnsureFirewall(ctx, Firewall{}); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := h.ReconcileRoutes(ctx, nil); err != nil {
+	if _, err := h.ReconcileRoutes(ctx, nil, ""); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := h.ReconcileRules(ctx, nil); err != nil {

@@ -25,12 +25,12 @@ func BenchmarkReconcileRoutesHostile(b *testing.B) {
 				routes[i] = Route{Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16 + byte(i>>16), byte(i >> 8), byte(i)}), 32), Dev: "kilo0"}
 			}
 			t0 := time.Now()
-			if rep, err := ns.host.ReconcileRoutes(ctx, routes); err != nil || len(rep.Replaced) != n {
+			if rep, err := ns.host.ReconcileRoutes(ctx, routes, ""); err != nil || len(rep.Replaced) != n {
 				b.Fatalf("first: %d replaced, %v", len(rep.Replaced), err)
 			}
 			first := time.Since(t0)
 			for b.Loop() {
-				if rep, err := ns.host.ReconcileRoutes(ctx, routes); err != nil || len(rep.Replaced)+len(rep.Deleted) != 0 {
+				if rep, err := ns.host.ReconcileRoutes(ctx, routes, ""); err != nil || len(rep.Replaced)+len(rep.Deleted) != 0 {
 					b.Fatalf("no-op: %d changed, %v", len(rep.Replaced)+len(rep.Deleted), err)
 				}
 			}

@@ -359,7 +359,7 @@ func BenchmarkReconcileRoutes(b *testing.B) {
 	for i := range routes {
 		routes[i] = Route{Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100 + byte(i>>8), byte(i), 0}), 24), Dev: "kilo0"}
 	}
-	if rep, err := ns.host.ReconcileRoutes(ctx, routes); err != nil || len(rep.Replaced) != n {
+	if rep, err := ns.host.ReconcileRoutes(ctx, routes, ""); err != nil || len(rep.Replaced) != n {
 		b.Fatalf("initial: %d replaced, %v", len(rep.Replaced), err)
 	}
 	b.Run("routes=5000/one-changed", func(b *testing.B) {
@@ -371,7 +371,7 @@ func BenchmarkReconcileRoutes(b *testing.B) {
 				routes[0].Src = netip.Addr{}
 			}
 			i++
-			rep, err := ns.host.ReconcileRoutes(ctx, routes)
+			rep, err := ns.host.ReconcileRoutes(ctx, routes, "")
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // What Kilo's kg leaves in iptables when it stops without cleaning up
@@ -19,6 +22,40 @@ import (
 // left: they are what a CNI set up by kg needs on a host whose FORWARD
 // policy is DROP, and meshlet is never the CNI (docs/migration.md).
 const kiloChainPrefix = "KILO-"
+
+// kiloTunnels are the tunnel devices kg routes through besides its
+// WireGuard interface: its IPIP device, Cilium's, flannel's VXLAN device.
+var kiloTunnels = []string{"tunl0", "cilium_tunl", "flannel.1"}
+
+// kiloReturnTable is Kilo's table for return traffic through the tunnel.
+const kiloReturnTable = 1107
+
+// kgLinks are the indexes of the links kg routes through (see
+// kiloTunnels), those that exist.
+func (h *Host) kgLinks(wgLink string) map[int]bool {
+	out := map[int]bool{}
+	for _, name := range append([]string{wgLink}, kiloTunnels...) {
+		if name == "" {
+			continue
+		}
+		if l, err := h.nl.LinkByName(name); err == nil {
+			out[l.Attrs().Index] = true
+		}
+	}
+	return out
+}
+
+// kgRoute tells a route as kg writes it (Kilo's pkg/mesh routes, all with
+// protocol static): through its WireGuard interface or a tunnel device, in
+// its return table, or on-link through the private interface to a
+// leader. meshlet takes such a route over at the switch (RouteReplace to
+// the same destination); any other route is the host's and is left alone.
+func kgRoute(r netlink.Route, kgLinks map[int]bool) bool {
+	if r.Protocol != unix.RTPROT_STATIC {
+		return false
+	}
+	return r.Table == kiloReturnTable || kgLinks[r.LinkIndex] || r.Flags&unix.RTNH_F_ONLINK != 0
+}
 
 // kiloTables are the tables kg writes to.
 var kiloTables = []string{"nat", "filter", "mangle"}

@@ -68,10 +68,13 @@ func diffRoutes(desired, current []kernelRoute) (replace, del []kernelRoute) {
 	return replace, del
 }
 
-// RouteReport says what ReconcileRoutes changed.
+// RouteReport says what ReconcileRoutes changed, and which desired routes
+// it left out because the host routes their destination (Conflicts: the
+// host's route, as `ip route` would show it).
 type RouteReport struct {
-	Replaced []string `json:"replaced,omitempty"`
-	Deleted  []string `json:"deleted,omitempty"`
+	Replaced  []string `json:"replaced,omitempty"`
+	Deleted   []string `json:"deleted,omitempty"`
+	Conflicts []string `json:"conflicts,omitempty"`
 }
 
 // kernelRoutes resolves the desired routes' devices. Routes whose device
@@ -101,8 +104,15 @@ type routeError struct {
 }
 
 // ReconcileRoutes makes meshlet's routes (all tables, IPv4 and IPv6) equal to
-// desired. Errors for single routes are collected; the others still apply.
-func (h *Host) ReconcileRoutes(ctx context.Context, desired []Route) (RouteReport, error) {
+// desired. It replaces only its own routes and kg's (kgRoute: taken over at
+// the switch); a desired destination another route of the host holds in
+// the same table (the default route, a connected network, a CNI's or
+// DHCP's route) is left to the host and reported in Conflicts — the plan
+// leaves those out already (topology.WithoutHostRoutes): this is the guard
+// for a route that appeared since. wgLink is the WireGuard interface kg
+// routed through. Errors for single routes are collected; the others
+// still apply.
+func (h *Host) ReconcileRoutes(ctx context.Context, desired []Route, wgLink string) (RouteReport, error) {
 	var rep RouteReport
 	if err := ctx.Err(); err != nil {
 		return rep, err
@@ -111,11 +121,22 @@ func (h *Host) ReconcileRoutes(ctx context.Context, desired []Route) (RouteRepor
 	for _, r := range noDevice {
 		errs = append(errs, r.err)
 	}
-	current, err := h.ownRoutes()
+	current, others, err := h.listRoutes()
 	if err != nil {
 		return rep, errors.Join(append(errs, err)...)
 	}
 	replace, del := diffRoutes(want, current)
+	if taken := h.hostsRoutes(replace, others, wgLink); len(taken) > 0 {
+		kept := replace[:0]
+		for _, r := range replace {
+			if hr, ok := taken[r.key()]; ok {
+				rep.Conflicts = append(rep.Conflicts, fmt.Sprintf("%s: %s", r.Dst, hr))
+				continue
+			}
+			kept = append(kept, r)
+		}
+		replace = kept
+	}
 	// Delete first: a stale route to a destination that is now desired in
 	// another table never conflicts, and freeing space first is harmless.
 	for _, r := range del {
@@ -166,17 +187,152 @@ func (h *Host) routeSpec(r Route, links map[string]int) (kernelRoute, error) {
 
 // ownRoutes lists meshlet's routes in every table.
 func (h *Host) ownRoutes() ([]kernelRoute, error) {
-	rs, err := h.nl.RouteListFiltered(netlink.FAMILY_ALL,
-		&netlink.Route{Protocol: Protocol, Table: unix.RT_TABLE_UNSPEC},
-		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	own, _, err := h.listRoutes()
+	return own, err
+}
+
+// listRoutes lists every table's routes, IPv4 and IPv6, in one dump:
+// meshlet's, and the others by destination (the local table's are the
+// kernel's own addresses and never a destination of meshlet's).
+func (h *Host) listRoutes() (own []kernelRoute, others map[routeKey][]netlink.Route, err error) {
+	rs, err := h.nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
-		return nil, fmt.Errorf("netlinkx: list meshlet routes: %w", err)
+		return nil, nil, fmt.Errorf("netlinkx: list routes: %w", err)
 	}
-	out := make([]kernelRoute, 0, len(rs))
+	others = map[routeKey][]netlink.Route{}
 	for _, r := range rs {
-		out = append(out, fromNetlinkRoute(r))
+		if r.Protocol == Protocol {
+			own = append(own, fromNetlinkRoute(r))
+			continue
+		}
+		if r.Table == unix.RT_TABLE_LOCAL {
+			continue
+		}
+		k := fromNetlinkRoute(r).key()
+		others[k] = append(others[k], r)
 	}
+	return own, others, nil
+}
+
+// hostsRoutes finds, among the routes to replace, those whose destination
+// a route of the host holds (not meshlet's, not kg's): the host's route,
+// described, by key.
+func (h *Host) hostsRoutes(replace []kernelRoute, others map[routeKey][]netlink.Route, wgLink string) map[routeKey]string {
+	var taken map[routeKey]string
+	var kg map[int]bool
+	for _, r := range replace {
+		for _, o := range others[r.key()] {
+			if kg == nil {
+				kg = h.kgLinks(wgLink)
+			}
+			if kgRoute(o, kg) {
+				continue
+			}
+			if taken == nil {
+				taken = map[routeKey]string{}
+			}
+			taken[r.key()] = h.describeRoute(o)
+			break
+		}
+	}
+	return taken
+}
+
+// HostRoute is a route of the host that meshlet does not own and kg did
+// not write (the default route, connected networks, a CNI's or DHCP's):
+// meshlet never replaces one (docs/architecture.md#host).
+type HostRoute struct {
+	Table int // 254 = main
+	Dst   netip.Prefix
+	// Desc is the route as `ip route` shows it.
+	Desc string
+}
+
+// HostRoutes lists the host's routes in the given tables (all but the
+// local table when none is given) that are neither meshlet's nor kg's, nor
+// on the WireGuard interface wgLink (meshlet's own link: what the kernel
+// routes there follows meshlet's addresses), sorted by table and
+// destination.
+func (h *Host) HostRoutes(wgLink string, tables ...int) ([]HostRoute, error) {
+	_, others, err := h.listRoutes()
+	if err != nil {
+		return nil, err
+	}
+	kg := h.kgLinks(wgLink)
+	wg := -1
+	if l, err := h.nl.LinkByName(wgLink); err == nil {
+		wg = l.Attrs().Index
+	}
+	var out []HostRoute
+	for k, rs := range others {
+		if len(tables) > 0 && !slices.Contains(tables, k.table) || k.dst.Addr().IsLinkLocalUnicast() || k.dst.Addr().IsMulticast() {
+			continue // not a destination meshlet routes
+		}
+		for _, r := range rs {
+			if kgRoute(r, kg) || r.LinkIndex == wg && wg > 0 {
+				continue
+			}
+			out = append(out, HostRoute{Table: k.table, Dst: k.dst, Desc: h.describeRoute(r)})
+			break
+		}
+	}
+	slices.SortFunc(out, func(a, b HostRoute) int {
+		if a.Table != b.Table {
+			return cmp.Compare(a.Table, b.Table)
+		}
+		if c := a.Dst.Addr().Compare(b.Dst.Addr()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Dst.Bits(), b.Dst.Bits())
+	})
 	return out, nil
+}
+
+// describeRoute shows a route as `ip route` would: destination, gateway,
+// device, protocol, metric, table.
+func (h *Host) describeRoute(r netlink.Route) string {
+	k := fromNetlinkRoute(r)
+	s := k.Dst.String()
+	if k.Dst.Bits() == 0 {
+		s = "default"
+	}
+	if r.Type != unix.RTN_UNICAST && r.Type != 0 {
+		s = routeTypeName(r.Type) + " " + s
+	}
+	if k.Gw.IsValid() {
+		s += " via " + k.Gw.String()
+	}
+	if r.LinkIndex > 0 {
+		if l, err := h.nl.LinkByIndex(r.LinkIndex); err == nil {
+			s += " dev " + l.Attrs().Name
+		}
+	}
+	s += " proto " + r.Protocol.String()
+	if r.Priority > 0 {
+		s += fmt.Sprintf(" metric %d", r.Priority)
+	}
+	if r.Table != unix.RT_TABLE_MAIN {
+		s += fmt.Sprintf(" table %d", r.Table)
+	}
+	return s
+}
+
+func routeTypeName(t int) string {
+	switch t {
+	case unix.RTN_BLACKHOLE:
+		return "blackhole"
+	case unix.RTN_UNREACHABLE:
+		return "unreachable"
+	case unix.RTN_PROHIBIT:
+		return "prohibit"
+	case unix.RTN_LOCAL:
+		return "local"
+	case unix.RTN_BROADCAST:
+		return "broadcast"
+	case unix.RTN_THROW:
+		return "throw"
+	}
+	return fmt.Sprintf("type%d", t)
 }
 
 func fromNetlinkRoute(r netlink.Route) kernelRoute {

@@ -72,6 +72,7 @@ func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	n := &r.Node
 	n.Name = node.Name
 	r.Created = node.CreationTimestamp.Time
+	n.Created = r.Created
 	if len(node.Labels) > 0 {
 		n.Labels = make(map[string]string, len(node.Labels))
 		for k, v := range node.Labels {
@@ -87,6 +88,7 @@ func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	n.Degraded = a[topology.AnnotationDegraded]
 
 	n.ExternalIPs = externalIPs(node, reject)
+	n.ReportedIPs = reportedIPs(node)
 	convertEndpoints(n, a, reject)
 	n.InternalIP, n.InternalIPForced = internalIP(a, reject)
 
@@ -225,6 +227,22 @@ func externalIPs(node *corev1.Node, reject rejectFunc) []netip.Addr {
 		}
 	}
 	return append(v4, v6...)
+}
+
+// reportedIPs are the node's addresses in status.addresses (InternalIP and
+// ExternalIP; malformed ones are left out, externalIPs reports those): no
+// other node may take one as its private IP (docs/security.md#claims).
+func reportedIPs(node *corev1.Node) []netip.Addr {
+	var out []netip.Addr
+	for _, addr := range node.Status.Addresses {
+		if addr.Type != corev1.NodeInternalIP && addr.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(addr.Address); err == nil && ip.Zone() == "" && !slices.Contains(out, ip.Unmap()) {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
 }
 
 // podCIDRs returns the node's pod CIDR as Kilo reads it: spec.podCIDR, which

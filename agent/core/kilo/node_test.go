@@ -368,7 +368,7 @@ func TestTransformNode(t *testing.T) {
 		t.Fatal("TransformNode mutated its input")
 	}
 	if len(s.ManagedFields) != 0 || len(s.Status.Images) != 0 || s.Status.NodeInfo.KubeletVersion != "" || len(s.Spec.Taints) != 0 ||
-		len(s.Status.Conditions) != 1 || len(s.Status.Addresses) != 1 || len(s.Annotations) != 3 || s.UID != "uid-1" || s.ResourceVersion != "42" {
+		len(s.Status.Conditions) != 1 || len(s.Status.Addresses) != 2 || len(s.Annotations) != 3 || s.UID != "uid-1" || s.ResourceVersion != "42" {
 		t.Fatalf("not stripped as expected: %+v", s)
 	}
 	wantN, wantR := NodeToTopology(n, "c")

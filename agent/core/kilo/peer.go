@@ -46,6 +46,7 @@ func (l Limits) PeerToTopology(p *Peer, cluster string) (peer topology.Peer, rej
 	if len(rejections) > 0 {
 		return topology.Peer{}, rejections, false
 	}
+	out.Created = p.CreationTimestamp.Time
 	if s, present := p.Annotations[topology.AnnotationNodePersistentKeepalive]; present {
 		rules, err := ParseKeepaliveRules(s)
 		if err != nil {

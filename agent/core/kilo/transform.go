@@ -53,8 +53,9 @@ func stripMeta(in *metav1.ObjectMeta, keepLabels bool) metav1.ObjectMeta {
 }
 
 // TransformNode strips a *corev1.Node to what ConvertNode needs: labels,
-// kilo.squat.ai/* and meshlet.io/* annotations, pod CIDRs, unschedulable, ExternalIP
-// addresses and the Ready condition (status and reason only).
+// kilo.squat.ai/* and meshlet.io/* annotations, pod CIDRs, unschedulable,
+// the InternalIP and ExternalIP addresses and the Ready condition (status
+// and reason only).
 func TransformNode(obj interface{}) (interface{}, error) { return Limits{}.TransformNode(obj) }
 
 // TransformNode is the function TransformNode that also cuts an
@@ -79,7 +80,7 @@ func (l Limits) TransformNode(obj interface{}) (interface{}, error) {
 		out.Spec.PodCIDRs = append([]string(nil), n.Spec.PodCIDRs...)
 	}
 	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeExternalIP {
+		if a.Type == corev1.NodeExternalIP || a.Type == corev1.NodeInternalIP {
 			out.Status.Addresses = append(out.Status.Addresses, a)
 		}
 	}

@@ -494,26 +494,39 @@ func TestNonLeaderIPIPCrossSubnet(t *testing.T) {
 
 // TestAllowedLocationIPsKiloRule: Kilo drops an entry whose address lies in
 // another entry, a pod CIDR, a private or WireGuard IP, or a Peer's allowed
-// IPs; an entry containing pod CIDRs or private IPs is fine (a location's own
-// LAN, as in Cozystack's guide).
+// IPs; an entry containing its own location's pod CIDRs or private IPs is
+// fine (a location's own LAN, as in Cozystack's guide). One containing
+// another location's is a claim on that location's addresses: Kilo keeps
+// it, meshlet does not (docs/kilo-compatibility.md#claims).
 func TestAllowedLocationIPsKiloRule(t *testing.T) {
+	ownPods := func(nodes []topology.Node) {
+		nodes[2].PodCIDRs, nodes[3].PodCIDRs = pfxs("10.245.1.0/24"), pfxs("10.245.2.0/24")
+	}
 	for _, tc := range []struct {
-		name string
-		alip string
-		kept bool
+		name  string
+		alip  string
+		kept  bool
+		setup func([]topology.Node)
 	}{
-		{"the location's own LAN, containing its private IPs", "10.0.2.0/24", true},
-		{"a supernet of pod CIDRs", "10.244.0.0/16", true},
-		{"inside another location's allowed-location-ips", "192.168.50.128/25", false},
-		{"inside a pod CIDR", "10.244.5.0/25", false},
-		{"equal to a pod CIDR", "10.244.1.0/24", false},
-		{"a private IP", "10.0.1.1/32", false},
-		{"a WireGuard IP", "10.4.0.3/32", false},
-		{"a Peer's allowed IPs", "10.5.0.0/16", false},
-		{"unrelated", "172.30.0.0/16", true},
+		{"the location's own LAN, containing its private IPs", "10.0.2.0/24", true, nil},
+		{"a supernet of its own location's pod CIDRs", "10.245.0.0/16", true, ownPods},
+		{"a supernet of other locations' pod CIDRs", "10.244.0.0/16", false, nil},
+		{"another location's LAN", "10.0.1.0/24", false, nil},
+		{"a part of another location's LAN, no node's address", "10.0.1.128/25", false, nil},
+		{"inside another location's allowed-location-ips", "192.168.50.128/25", false, nil},
+		{"inside a pod CIDR", "10.244.5.0/25", false, nil},
+		{"equal to a pod CIDR", "10.244.1.0/24", false, nil},
+		{"a private IP", "10.0.1.1/32", false, nil},
+		{"a WireGuard IP", "10.4.0.3/32", false, nil},
+		{"a Peer's allowed IPs", "10.5.0.0/16", false, nil},
+		{"a default route", "0.0.0.0/0", false, nil},
+		{"unrelated", "172.30.0.0/16", true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes := threeLocations()
+			if tc.setup != nil {
+				tc.setup(nodes)
+			}
 			nodes[3].AllowedLocationIPs = pfxs(tc.alip)
 			peers := []topology.Peer{{Name: "laptop", AllowedIPs: pfxs("10.5.0.1/32"), PublicKey: key(90)}}
 			pl := Compute(topology.Snapshot{Now: now, Nodes: nodes, Peers: peers}, selfOf(nodes[1], "eth0"))
@@ -522,7 +535,8 @@ func TestAllowedLocationIPsKiloRule(t *testing.T) {
 			if kept := containedIn(pfx(tc.alip), b.AllowedIPs); kept != tc.kept || routed != tc.kept {
 				t.Errorf("%s: in b-2's allowed IPs %v, routed %v; want %v", tc.alip, kept, routed, tc.kept)
 			}
-			if rejected := hasRejection(pl, "Node/b-2", topology.ReasonNetworksOverlap); rejected == tc.kept {
+			rejected := hasRejection(pl, "Node/b-2", topology.ReasonNetworksOverlap) || hasRejection(pl, "Node/b-2", topology.ReasonDefaultRoute)
+			if rejected == tc.kept {
 				t.Errorf("rejected = %v, want %v: %+v", rejected, !tc.kept, pl.Rejections)
 			}
 		})

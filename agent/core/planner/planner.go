@@ -39,9 +39,19 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 		Leadership: decision.Leadership, Segments: local.Infos(set),
 	}
 	rejections := append(append([]topology.Rejection(nil), snap.Rejections...), local.Rejections...)
-	var rejs []topology.Rejection
-	pl.CNISubnet, rejs = topology.CNIRange(set, self, topology.Published(snap.Nodes, self.Name))
+	cniSubnet, rejs := topology.CNIRange(set, self, topology.Published(snap.Nodes, self.Name))
+	pl.CNISubnet = cniSubnet
 	rejections = append(rejections, rejs...)
+	// Every prefix a writer claims, by one rule in its order: the nodes'
+	// addresses, the remote clusters' reservations, the Peers, the
+	// allowed-location-ips (topology/claims.go).
+	claims, rejs := topology.ClaimNodeAddresses(local, snap.Nodes, set)
+	rejections = append(rejections, rejs...)
+	remotes, rejs := topology.ResolveRemotes(snap.Meshes, set, claims)
+	rejections = append(rejections, rejs...)
+	peers, rejs := topology.ValidatePeers(snap.Peers, local, self.Name, self.PublicKey, claims)
+	rejections = append(rejections, rejs...)
+	rejections = append(rejections, topology.ClaimAllowedLocationIPs(local, claims)...)
 	var targets []topology.ProbeTarget
 	if seg := local.SelfSegment; seg != nil {
 		pl.Leader = seg.LeaderNode().Name == self.Name
@@ -53,21 +63,16 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 			pl.WireGuard.Addresses = []netip.Prefix{pl.WireGuardIP}
 		}
 		discovered := topology.Discovered(self, local)
-		var peers []topology.Peer
-		peers, rejs = topology.ValidatePeers(snap.Peers, local, self.Name, self.PublicKey)
-		rejections = append(rejections, rejs...)
-		owned := topology.LocalPrefixes(local, peers, set)
-		var remotes []topology.Remote
-		remotes, rejs = topology.ResolveRemotes(snap.Meshes, set, owned)
-		rejections = append(rejections, rejs...)
 		dev := topology.DevicePeers(topology.DeviceInput{Settings: set, Self: self, Local: local, Leader: pl.Leader, Peers: peers,
-			Discovered: discovered, Remotes: remotes, States: snap.Remotes, Owned: owned, Now: snap.Now})
+			Discovered: discovered, Remotes: remotes, States: snap.Remotes, Claims: claims, Now: snap.Now})
 		pl.WireGuard.Peers, pl.Remotes, targets = dev.Peers, dev.Remotes, dev.Probes
 		rejections = append(rejections, dev.Rejections...)
 		routes := topology.Routes(topology.RouteInput{Settings: set, Self: self, Host: host, Local: local, Leader: pl.Leader,
 			Peers: peers, Remotes: remotes, Discovered: discovered})
 		pl.Routes, pl.Rules, pl.Tunnel = routes.Routes, routes.Rules, routes.Tunnel
 		rejections = append(rejections, routes.Rejections...)
+		pl.Routes, rejs = topology.WithoutHostRoutes(pl.Routes, self.HostRoutes, self.Name)
+		rejections = append(rejections, rejs...)
 		pl.NAT = topology.NATFor(local, peers, remotes, set)
 		pl.Forward = topology.ForwardFor(local, pl.Leader, set)
 	}

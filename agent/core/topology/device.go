@@ -22,8 +22,10 @@ type DeviceInput struct {
 	Discovered map[Key]netip.AddrPort
 	Remotes    []Remote
 	States     []RemoteCluster
-	Owned      Owned
-	Now        time.Time
+	// Claims are the local cluster's and the reservations (claims.go):
+	// what a remote cluster's nodes and Peers may not claim.
+	Claims *Claims
+	Now    time.Time
 }
 
 // DevicePlan is the device stage's output.
@@ -168,7 +170,7 @@ func (b *deviceBuilder) remotePeers(r Remote, rc *RemoteCluster) ([]string, []Se
 			b.reject(ref, "endpoint", ReasonInvalidEndpoint, "malformed clustermesh-endpoint or force-endpoint: node skipped")
 			continue
 		}
-		wp, rejs := remoteLeaderPeer(r, rc, g, first, b.in.Owned, b.in.Local.Self, b.in.Discovered, set)
+		wp, rejs := remoteLeaderPeer(r, rc, g, first, b.in.Claims, b.in.Local.Self, b.in.Discovered, set)
 		b.out.Rejections = append(b.out.Rejections, rejs...)
 		if b.add(ref, wp) {
 			names = append(names, l.Name)

@@ -117,13 +117,13 @@ func TestDevicePeers(t *testing.T) {
 				{Object: ObjectRef{Kind: "Peer", Name: "mirror"}, Field: "key", Reason: ReasonOwnKey, Message: "peer has this node's public key"},
 			}}},
 		{name: "a synced remote cluster: a peer per remote leader, the first with the cluster's Peers and allowedNetworks; private IPs only where allowed",
-			in: DeviceInput{Settings: Settings{HealthProbes: true}, Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, States: synced, Owned: owned, Now: now},
+			in: DeviceInput{Settings: Settings{HealthProbes: true}, Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, States: synced, Claims: owned, Now: now},
 			want: DevicePlan{Peers: []WireGuardPeer{peerB, peerBX, peerBY},
 				Remotes:    []RemoteInfo{info(true, []string{"bx-1", "by-1"}, segX, segY)},
 				Probes:     []ProbeTarget{{Name: "b-1", PublicKey: key(3), Addr: addr("10.4.0.2")}, {Name: "bx-1", Cluster: "rb", PublicKey: key(11), Addr: addr("10.5.0.1")}, {Name: "by-1", Cluster: "rb", PublicKey: key(13), Addr: addr("10.5.0.2")}},
 				Rejections: []Rejection{astray}}},
 		{name: "a remote node's prefixes the cluster may not claim: left out and reported",
-			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, Owned: owned, Now: now,
+			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, Claims: owned, Now: now,
 				States: rb(func(_, _, by1 *Node) {
 					by1.AllowedLocationIPs, by1.PodCIDRs = pfxs("10.244.9.0/24"), pfxs("10.100.3.0/24", "0.0.0.0/0")
 				})},
@@ -131,13 +131,13 @@ func TestDevicePeers(t *testing.T) {
 				Remotes: []RemoteInfo{info(true, []string{"bx-1", "by-1"}, segX, segY)},
 				Rejections: []Rejection{astray,
 					{Object: ObjectRef{Kind: "Node", Cluster: "rb", Name: "by-1"}, Field: "podCIDRs", Reason: ReasonDefaultRoute, Message: "0.0.0.0/0 is a default route"},
-					{Object: ObjectRef{Kind: "Node", Cluster: "rb", Name: "by-1"}, Field: "allowed-location-ips", Reason: ReasonOverlapsLocal, Message: "10.244.9.0/24 overlaps the local cluster's 10.244.0.0/16"},
+					{Object: ObjectRef{Kind: "Node", Cluster: "rb", Name: "by-1"}, Field: "allowed-location-ips", Reason: ReasonOverlapsLocal, Message: "10.244.9.0/24 lies inside the pod CIDR 10.244.0.0/16 of node local"},
 				}}},
 		{name: "remote keepalive: the smallest of the entries and the node's; a roaming remote leader takes the discovered endpoint",
 			in: func() DeviceInput {
 				rk := r
 				rk.Entry.PersistentKeepalive, rk.Local.PersistentKeepalive = 25, 20
-				return DeviceInput{Leader: true, Local: keepalive(30), Remotes: []Remote{rk}, States: synced, Owned: owned, Now: now, Discovered: map[Key]netip.AddrPort{key(11): ep("203.0.113.11:40000")}}
+				return DeviceInput{Leader: true, Local: keepalive(30), Remotes: []Remote{rk}, States: synced, Claims: owned, Now: now, Discovered: map[Key]netip.AddrPort{key(11): ep("203.0.113.11:40000")}}
 			}(),
 			want: DevicePlan{Peers: []WireGuardPeer{
 				with(peerB, func(p *WireGuardPeer) {
@@ -154,7 +154,7 @@ func TestDevicePeers(t *testing.T) {
 			in: func() DeviceInput {
 				rp := r
 				rp.Entry.WireGuardPort = 51999
-				return DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{rp}, Owned: owned, Now: now, Discovered: map[Key]netip.AddrPort{key(13): ep("203.0.113.13:40000")},
+				return DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{rp}, Claims: owned, Now: now, Discovered: map[Key]netip.AddrPort{key(13): ep("203.0.113.13:40000")},
 					States: rb(func(bx1, _, by1 *Node) { by1.Endpoint, bx1.ExternalIPs = "", []netip.Addr{addr("192.0.2.11")} })}
 			}(),
 			want: DevicePlan{Peers: []WireGuardPeer{peerB,
@@ -164,7 +164,7 @@ func TestDevicePeers(t *testing.T) {
 				}),
 			}, Remotes: []RemoteInfo{info(true, []string{"bx-1", "by-1"}, segX, segY)}, Rejections: []Rejection{astray}}},
 		{name: "a remote leader with a malformed endpoint is skipped: the next carries the cluster's Peers and networks",
-			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, Owned: owned, Now: now,
+			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, Claims: owned, Now: now,
 				States: rb(func(bx1, _, _ *Node) { bx1.MalformedEndpoint = true })},
 			want: DevicePlan{Peers: []WireGuardPeer{peerB, with(peerBY, func(p *WireGuardPeer) {
 				p.AllowedIPs = pfxs("10.5.0.0/16", "10.5.0.2/32", "10.30.1.0/24", "10.97.0.0/16", "10.100.0.0/16", "10.100.3.0/24", "10.100.200.0/24")
@@ -173,7 +173,7 @@ func TestDevicePeers(t *testing.T) {
 				astray,
 			}}},
 		{name: "a remote leader with a key in use here: rejected, the next carries the cluster's Peers and networks",
-			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, Owned: owned, Now: now,
+			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, Claims: owned, Now: now,
 				States: rb(func(bx1, _, _ *Node) { bx1.PublicKey = key(3) })},
 			want: DevicePlan{Peers: []WireGuardPeer{peerB, with(peerBY, func(p *WireGuardPeer) {
 				p.AllowedIPs = pfxs("10.5.0.0/16", "10.5.0.2/32", "10.30.1.0/24", "10.97.0.0/16", "10.100.0.0/16", "10.100.3.0/24", "10.100.200.0/24")
@@ -183,7 +183,7 @@ func TestDevicePeers(t *testing.T) {
 				astray, // clipped again for by-1; Normalize de-duplicates
 			}}},
 		{name: "a remote cluster not synced yet: the device's peers inside its networks are kept as they are",
-			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, States: []RemoteCluster{{Name: "rb"}}, Owned: owned, Now: now,
+			in: DeviceInput{Leader: true, Local: twoLocationsSeen("a-1"), Remotes: []Remote{r}, States: []RemoteCluster{{Name: "rb"}}, Claims: owned, Now: now,
 				Self: Self{Device: []DevicePeer{
 					{PublicKey: key(30), Endpoint: ep("203.0.113.30:51820"), AllowedIPs: pfxs("10.100.1.0/24", "10.5.0.1/32", "10.100.1.0/24"), PersistentKeepalive: 25},
 					{PublicKey: key(31), AllowedIPs: pfxs("10.100.2.0/24")},
@@ -196,7 +196,7 @@ func TestDevicePeers(t *testing.T) {
 				{Name: "preserved", Kind: KindRemote, PublicKey: key(31), EndpointSource: "device", AllowedIPs: pfxs("10.100.2.0/24"), Roaming: true},
 			}, Remotes: []RemoteInfo{info(false, nil)}}},
 		{name: "a non-leader: remote clusters described, no peer, nothing kept",
-			in: DeviceInput{Local: twoLocationsSeen("a-2"), Remotes: []Remote{r}, States: synced, Owned: owned, Now: now,
+			in: DeviceInput{Local: twoLocationsSeen("a-2"), Remotes: []Remote{r}, States: synced, Claims: owned, Now: now,
 				Self: Self{Device: []DevicePeer{{PublicKey: key(30), AllowedIPs: pfxs("10.100.1.0/24")}}}},
 			want: DevicePlan{Remotes: []RemoteInfo{info(true, nil)}}},
 	} {

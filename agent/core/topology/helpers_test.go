@@ -90,6 +90,17 @@ func twoLocationsSeen(self string) Local {
 	return local(self, seg("location:a", "a", "10.4.0.1", "a-1", a1, a2), seg("location:b", "b", "10.4.0.2", "b-1", b1, b2))
 }
 
+// nodesOf are the nodes of l's segments, as the snapshot would list them.
+func nodesOf(l Local) []Node {
+	var out []Node
+	for _, s := range l.Segments {
+		for _, n := range s.Nodes {
+			out = append(out, *n)
+		}
+	}
+	return out
+}
+
 // check fails the test when got is not want, printing both as JSON.
 func check(t *testing.T, what string, got, want any) {
 	t.Helper()
@@ -137,8 +148,15 @@ func view(l Local) localView {
 	return v
 }
 
-// owns is an Owned of the prefixes given.
-func owns(ps ...string) Owned { return Owned{newPrefixSet(pfxs(ps...))} }
+// owns are claims holding the prefixes given, as pod CIDRs of node
+// "local".
+func owns(ps ...string) *Claims {
+	cs := NewClaims()
+	for _, p := range pfxs(ps...) {
+		cs.hold(p, claimant{kind: claimPodCIDR, owner: "node local"})
+	}
+	return cs
+}
 
 // remote is remote cluster name of mesh kilo/mesh (this cluster: "here"),
 // its allowedNetworks all accepted.

@@ -9,24 +9,23 @@ import (
 // local cluster owns, and the per-peer rules (endpoint, keepalive,
 // roaming) every kind of WireGuard peer shares.
 
-// ValidatePeers validates Peer objects as a set: sorted by name, a public
-// key already used (this node's, a segment leader's, or an earlier Peer's)
-// is rejected, and an allowed IP claimed by an earlier Peer or a segment
-// is dropped (Kilo de-duplicates the same way; meshlet also says so).
-func ValidatePeers(objs []Peer, l Local, selfName string, selfKey Key) ([]Peer, []Rejection) {
+// ValidatePeers validates Peer objects as a set, oldest first (creation
+// time, then name): a public key already used (this node's, a segment
+// leader's, or an older Peer's) rejects the Peer; each allowed IP is a
+// claim (claims.go): one too broad, or overlapping a node's address, a
+// remote cluster's reservation or an older Peer's allowed IP, is dropped
+// with its reason, and the Peer keeps the rest.
+func ValidatePeers(objs []Peer, l Local, selfName string, selfKey Key, cs *Claims) ([]Peer, []Rejection) {
 	peers := append([]Peer(nil), objs...)
-	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
-	// WireGuard gives each allowed IP to one peer only; a Peer claiming one
-	// a segment already carries (a node's pod CIDR, say) would take it over
-	// or lose it depending on the order of updates, and Kilo would ask for
-	// two routes to it. The node keeps it.
-	claimed := map[netip.Prefix]string{}
+	sort.SliceStable(peers, func(i, j int) bool {
+		if c := peers[i].Created.Compare(peers[j].Created); c != 0 {
+			return c < 0
+		}
+		return peers[i].Name < peers[j].Name
+	})
 	keys := map[Key]string{}
 	for _, s := range l.Segments {
 		keys[s.LeaderNode().PublicKey] = "node " + s.LeaderNode().Name
-		for _, a := range s.AllowedIPs() {
-			claimed[a.Masked()] = "segment " + s.Key
-		}
 	}
 	var out []Peer
 	var rejs []Rejection
@@ -41,15 +40,36 @@ func ValidatePeers(objs []Peer, l Local, selfName string, selfKey Key) ([]Peer, 
 			continue
 		}
 		keys[peer.PublicKey] = "peer " + peer.Name
+		c := claimant{kind: claimPeer, owner: "Peer " + peer.Name}
+		// Broadest first, so the Peer's own prefixes inside one it holds
+		// are found at once; the kept ones in the Peer's order.
+		order := make([]netip.Prefix, len(peer.AllowedIPs))
+		for i, a := range peer.AllowedIPs {
+			order[i] = a.Masked()
+		}
+		sort.SliceStable(order, func(i, j int) bool { return order[i].Bits() < order[j].Bits() })
+		keep := map[netip.Prefix]bool{}
+		refused := map[netip.Prefix]Rejection{}
+		for _, a := range order {
+			if _, seen := refused[a]; keep[a] || seen {
+				continue
+			}
+			if reason, why, ok := cs.claim(a, c); !ok {
+				refused[a] = Rejection{Object: ref, Field: "spec.allowedIPs", Reason: reasonOr(reason, ReasonDuplicateAllowedIP), Message: why}
+				continue
+			}
+			keep[a] = true
+		}
 		var ips []netip.Prefix
 		for _, a := range peer.AllowedIPs {
 			a = a.Masked()
-			if other, ok := claimed[a]; ok {
-				rejs = append(rejs, Rejection{Object: ref, Field: "spec.allowedIPs", Reason: ReasonDuplicateAllowedIP, Message: a.String() + " already claimed by " + other})
-				continue
+			if r, bad := refused[a]; bad {
+				rejs = append(rejs, r)
+				delete(refused, a)
+			} else if keep[a] {
+				ips = append(ips, a)
+				delete(keep, a)
 			}
-			claimed[a] = "peer " + peer.Name
-			ips = append(ips, a)
 		}
 		peer.AllowedIPs = ips
 		out = append(out, peer)
@@ -84,25 +104,6 @@ func Discovered(self Self, l Local) map[Key]netip.AddrPort {
 func usableDiscovered(ap netip.AddrPort) bool {
 	a := ap.Addr()
 	return ap.IsValid() && ap.Port() != 0 && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsUnspecified()
-}
-
-// Owned is what the local cluster owns: no remote cluster may claim any
-// of it.
-type Owned struct{ set *prefixSet }
-
-// LocalPrefixes lists what the local cluster owns: every segment's pod
-// CIDRs, private IPs, WireGuard IP and allowed-location-ips, the Peers'
-// allowed IPs and the service CIDRs.
-func LocalPrefixes(l Local, peers []Peer, set Settings) Owned {
-	var own []netip.Prefix
-	for _, s := range l.Segments {
-		own = append(own, s.AllowedIPs()...)
-	}
-	for _, peer := range peers {
-		own = append(own, peer.AllowedIPs...)
-	}
-	own = append(own, set.ServiceCIDRs...)
-	return Owned{newPrefixSet(own)}
 }
 
 // roams tells whether the actuator must keep a peer's learned endpoint

@@ -17,13 +17,17 @@ type Remote struct {
 	// inside.
 	Networks []netip.Prefix
 	allowed  *prefixSet // Networks, indexed
+	// claimant is the cluster as the claims know it (claims.go).
+	claimant claimant
 }
 
 // ResolveRemotes resolves the ClusterMesh entries into remote clusters
 // (meshes by namespace/name, entries by name, the first mention of a
-// cluster wins), keeping of each one's allowedNetworks what is neither a
-// default route nor overlapping what the local cluster owns.
-func ResolveRemotes(meshes []Mesh, set Settings, owned Owned) ([]Remote, []Rejection) {
+// cluster wins) and reserves each one's allowedNetworks for it, the
+// rule's second tier (claims.go): what is too broad or overlaps the local
+// nodes' addresses or an earlier cluster's reservation is refused; no Peer
+// or allowed-location-ips may claim inside what is reserved.
+func ResolveRemotes(meshes []Mesh, set Settings, cs *Claims) ([]Remote, []Rejection) {
 	sorted := append([]Mesh(nil), meshes...)
 	sort.Slice(sorted, func(i, j int) bool {
 		if sorted[i].Namespace != sorted[j].Namespace {
@@ -50,15 +54,12 @@ func ResolveRemotes(meshes []Mesh, set Settings, owned Owned) ([]Remote, []Rejec
 			r := Remote{Mesh: m, Local: local, Entry: e}
 			ref := ObjectRef{Kind: "ClusterMesh", Namespace: m.Namespace, Name: m.Name}
 			field := "spec.clusters[" + e.Name + "].allowedNetworks"
+			c := claimant{kind: claimReserved, owner: "cluster " + e.Name}
+			r.claimant = claimant{kind: claimRemote, owner: c.owner}
 			for _, n := range e.AllowedNetworks {
 				n = n.Masked()
-				if n.Bits() == 0 {
-					rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: ReasonDefaultRoute, Message: n.String() + " is a default route"})
-					continue
-				}
-				if o, bad := owned.set.overlapping(n); bad {
-					rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: ReasonOverlapsLocal,
-						Message: n.String() + " overlaps the local cluster's " + o.String()})
+				if reason, why, ok := cs.claim(n, c); !ok {
+					rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: reasonOr(reason, ReasonOverlapsLocal), Message: why})
 					continue
 				}
 				r.Networks = append(r.Networks, n)
@@ -216,11 +217,11 @@ func electedWithWireGuardIP(seg []*Node) *Node {
 // cluster's Peers and its allowedNetworks. WireGuard matches the longest
 // prefix, so the more specific prefixes of the other leaders still win.
 // What the cluster may not claim is left out and rejected (clip).
-func remoteLeaderPeer(r Remote, rc *RemoteCluster, g *remoteGroup, first bool, owned Owned, self *Node, discovered map[Key]netip.AddrPort, set Settings) (WireGuardPeer, []Rejection) {
+func remoteLeaderPeer(r Remote, rc *RemoteCluster, g *remoteGroup, first bool, cs *Claims, self *Node, discovered map[Key]netip.AddrPort, set Settings) (WireGuardPeer, []Rejection) {
 	l := g.leader
 	var rejs []Rejection
 	clipped := func(ref ObjectRef, field string, ps []netip.Prefix) []netip.Prefix {
-		out, rs := clip(r, owned, ref, field, ps)
+		out, rs := clip(r, cs, ref, field, ps)
 		rejs = append(rejs, rs...)
 		return out
 	}
@@ -279,27 +280,34 @@ func sortedPeers(ps []Peer) []Peer {
 }
 
 // clip keeps the prefixes a remote cluster may claim: inside its
-// allowedNetworks, not a default route, not overlapping the local cluster.
-// Everything else is rejected with the reason.
-func clip(r Remote, owned Owned, ref ObjectRef, field string, ps []netip.Prefix) ([]netip.Prefix, []Rejection) {
+// allowedNetworks, not too broad, not overlapping what the local cluster or
+// another remote cluster holds (claims.go). Everything else is rejected
+// with the reason.
+func clip(r Remote, cs *Claims, ref ObjectRef, field string, ps []netip.Prefix) ([]netip.Prefix, []Rejection) {
 	var out []netip.Prefix
 	var rejs []Rejection
 	reject := func(reason Reason, msg string) {
 		rejs = append(rejs, Rejection{Object: ref, Field: field, Reason: reason, Message: msg})
 	}
+	c := r.claimant
+	if c.owner == "" {
+		c = claimant{kind: claimRemote, owner: "cluster " + r.Entry.Name}
+	}
 	for _, x := range ps {
 		x = x.Masked()
-		_, inside := r.allowed.covering(x)
-		switch o, overlap := owned.set.overlapping(x); {
-		case x.Bits() == 0:
-			reject(ReasonDefaultRoute, x.String()+" is a default route")
-		case overlap:
-			reject(ReasonOverlapsLocal, x.String()+" overlaps the local cluster's "+o.String())
-		case !inside:
-			reject(ReasonOutsideAllowed, x.String()+" is outside the cluster's allowedNetworks")
-		default:
-			out = append(out, x)
+		if reason, why, bad := ClaimTooBroad(x); bad {
+			reject(reason, why)
+			continue
 		}
+		if why := cs.check(x, c); why != "" {
+			reject(ReasonOverlapsLocal, why)
+			continue
+		}
+		if _, inside := r.allowed.covering(x); !inside {
+			reject(ReasonOutsideAllowed, x.String()+" is outside the cluster's allowedNetworks")
+			continue
+		}
+		out = append(out, x)
 	}
 	return out, rejs
 }

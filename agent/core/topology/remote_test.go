@@ -72,7 +72,7 @@ func TestResolveRemotes(t *testing.T) {
 		{name: "--cluster-name selects this cluster's entry, whatever is marked local",
 			meshes: []Mesh{{Namespace: "kilo", Name: "m", Clusters: []MeshCluster{c, here, b}}}, set: Settings{ClusterName: "b"},
 			want:     []remoteView{rv("kilo/m", "b", c, "10.102.0.0/16"), rv("kilo/m", "b", here)}, // here's network is the local pod range
-			wantRejs: []Rejection{bad("m", "here", ReasonOverlapsLocal, "10.244.0.0/16 overlaps the local cluster's 10.244.1.0/24")}},
+			wantRejs: []Rejection{bad("m", "here", ReasonOverlapsLocal, "10.244.0.0/16 contains the pod CIDR 10.244.1.0/24 of node local")}},
 		{name: "a mesh without this cluster: not this cluster's",
 			meshes: []Mesh{{Namespace: "kilo", Name: "m", Clusters: []MeshCluster{b, c}}}},
 		{name: "meshes by namespace and name; a cluster in two: the first mention wins",
@@ -89,8 +89,8 @@ func TestResolveRemotes(t *testing.T) {
 			wantRejs: []Rejection{
 				bad("m", "b", ReasonDefaultRoute, "0.0.0.0/0 is a default route"),
 				bad("m", "b", ReasonDefaultRoute, "::/0 is a default route"),
-				bad("m", "b", ReasonOverlapsLocal, "10.0.0.0/8 overlaps the local cluster's 10.0.1.1/32"),
-				bad("m", "b", ReasonOverlapsLocal, "10.244.1.128/25 overlaps the local cluster's 10.244.1.0/24"),
+				bad("m", "b", ReasonOverlapsLocal, "10.0.0.0/8 contains the pod CIDR 10.0.1.1/32 of node local"),
+				bad("m", "b", ReasonOverlapsLocal, "10.244.1.128/25 lies inside the pod CIDR 10.244.1.0/24 of node local"),
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -238,12 +238,12 @@ func TestClip(t *testing.T) {
 			rej(ReasonDefaultRoute, "0.0.0.0/0 is a default route"), rej(ReasonDefaultRoute, "::/0 is a default route"),
 		}},
 		{"overlapping the local cluster", pfxs("10.100.9.128/25", "10.100.0.0/16"), nil, []Rejection{
-			rej(ReasonOverlapsLocal, "10.100.9.128/25 overlaps the local cluster's 10.100.9.0/24"),
-			rej(ReasonOverlapsLocal, "10.100.0.0/16 overlaps the local cluster's 10.100.9.0/24"),
+			rej(ReasonOverlapsLocal, "10.100.9.128/25 lies inside the pod CIDR 10.100.9.0/24 of node local"),
+			rej(ReasonOverlapsLocal, "10.100.0.0/16 contains the pod CIDR 10.100.9.0/24 of node local"),
 		}},
 		{"outside the allowedNetworks (an overlap with the local cluster is said first)", pfxs("10.101.0.0/24", "10.0.0.0/8", "fd11::/64"), nil, []Rejection{
 			rej(ReasonOutsideAllowed, "10.101.0.0/24 is outside the cluster's allowedNetworks"),
-			rej(ReasonOverlapsLocal, "10.0.0.0/8 overlaps the local cluster's 10.100.9.0/24"),
+			rej(ReasonOverlapsLocal, "10.0.0.0/8 contains the pod CIDR 10.100.9.0/24 of node local"),
 			rej(ReasonOutsideAllowed, "fd11::/64 is outside the cluster's allowedNetworks"),
 		}},
 	} {

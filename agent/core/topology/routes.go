@@ -174,8 +174,8 @@ func (b *routeBuilder) leaderRoutes() {
 			// A node reachable only at its endpoint IP keeps that route on
 			// the underlay: encapsulating traffic to an IP through itself
 			// cannot work.
-			if n.InternalIP.IsValid() && n.InternalIP.Addr() != endpointIP {
-				b.add(Route{Dst: host(n.InternalIP.Addr()), Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
+			if ip, ok := n.routedPrivateIP(); ok && ip.Addr() != endpointIP {
+				b.add(Route{Dst: ip, Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
 			}
 		}
 		for _, a := range s.AllowedLocationIPs {
@@ -239,8 +239,8 @@ func (b *routeBuilder) nonLeaderRoutes() {
 			for _, c := range n.PodCIDRs {
 				b.add(b.viaGateway(c, gw))
 			}
-			if n.InternalIP.IsValid() {
-				b.add(b.viaGateway(host(n.InternalIP.Addr()), gw))
+			if ip, ok := n.routedPrivateIP(); ok {
+				b.add(b.viaGateway(ip, gw))
 			}
 		}
 		for _, a := range s.AllowedLocationIPs {
@@ -322,4 +322,34 @@ func ForwardFor(l Local, leader bool, set Settings) []netip.Prefix {
 		out = append(out, s.AllowedLocationIPs...)
 	}
 	return sortedUnique(out)
+}
+
+// WithoutHostRoutes leaves out the planned routes whose destination the
+// host already routes in the same table (Self.HostRoutes: its default
+// route, a connected network, a CNI's or DHCP's route): meshlet never
+// replaces a route it does not own, and says so on this node. kg's routes
+// are not among them: meshlet takes those over at the switch.
+func WithoutHostRoutes(routes []Route, hostRoutes []HostRoute, self string) ([]Route, []Rejection) {
+	if len(hostRoutes) == 0 {
+		return routes, nil
+	}
+	type key struct {
+		table int
+		dst   netip.Prefix
+	}
+	held := make(map[key]string, len(hostRoutes))
+	for _, h := range hostRoutes {
+		held[key{h.Table, h.Dst.Masked()}] = h.Desc
+	}
+	var rejs []Rejection
+	out := routes[:0]
+	for _, r := range routes {
+		if desc, ok := held[key{r.Table, r.Dst.Masked()}]; ok {
+			rejs = append(rejs, Rejection{Object: ObjectRef{Kind: "Node", Name: self}, Field: "routes", Reason: ReasonHostRoute,
+				Message: r.Dst.Masked().String() + " is routed by the host (" + desc + "): left as it is, not routed through the mesh"})
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, rejs
 }

@@ -239,3 +239,26 @@ func TestForwardFor(t *testing.T) {
 		})
 	}
 }
+
+// TestWithoutHostRoutes: a planned route to a destination the host routes in
+// the same table is left out and said on this node; another table's, or
+// another destination, stays.
+func TestWithoutHostRoutes(t *testing.T) {
+	routes := []Route{
+		{Dst: pfx("0.0.0.0/0"), Dev: "kilo0"},
+		{Dst: pfx("192.168.1.0/24"), Dev: "kilo0"},
+		{Dst: pfx("192.168.1.0/24"), Dev: "tunl0", Table: KiloTable},
+		{Dst: pfx("10.2.0.0/24"), Dev: "kilo0"},
+	}
+	host := []HostRoute{{Dst: pfx("0.0.0.0/0"), Desc: "default via 192.168.1.1 dev eth0 proto dhcp metric 100"},
+		{Dst: pfx("192.168.1.0/24"), Desc: "192.168.1.0/24 dev eth0 proto kernel"}}
+	got, rejs := WithoutHostRoutes(append([]Route(nil), routes...), host, "a-1")
+	check(t, "routes", got, []Route{routes[2], routes[3]})
+	rej := func(msg string) Rejection {
+		return Rejection{Object: ObjectRef{Kind: "Node", Name: "a-1"}, Field: "routes", Reason: ReasonHostRoute, Message: msg}
+	}
+	check(t, "rejections", rejs, []Rejection{
+		rej("0.0.0.0/0 is routed by the host (default via 192.168.1.1 dev eth0 proto dhcp metric 100): left as it is, not routed through the mesh"),
+		rej("192.168.1.0/24 is routed by the host (192.168.1.0/24 dev eth0 proto kernel): left as it is, not routed through the mesh"),
+	})
+}

@@ -46,14 +46,24 @@ func (s *Segment) AllowedIPs() []netip.Prefix {
 	var out []netip.Prefix
 	for _, n := range s.Nodes {
 		out = append(out, n.PodCIDRs...)
-		if n.InternalIP.IsValid() {
-			out = append(out, host(n.InternalIP.Addr()))
+		if ip, ok := n.routedPrivateIP(); ok {
+			out = append(out, ip)
 		}
 	}
 	if s.WireGuardIP.IsValid() {
 		out = append(out, host(s.WireGuardIP))
 	}
 	return append(out, s.AllowedLocationIPs...)
+}
+
+// routedPrivateIP is the node's private IP as a host prefix, when it is
+// routed to the node from other locations (valid and not refused:
+// ClaimNodeAddresses).
+func (n *Node) routedPrivateIP() (netip.Prefix, bool) {
+	if !n.InternalIP.IsValid() || n.PrivateIPRefused {
+		return netip.Prefix{}, false
+	}
+	return host(n.InternalIP.Addr()), true
 }
 
 // Local is the local cluster's topology as one node sees it.
@@ -177,8 +187,8 @@ func overlaySelf(n Node, self Self, h Host, now time.Time) Node {
 
 // Segments is Kilo's topology: the Ready nodes (this one with its live
 // facts) grouped into segments sorted by key, each led by the node Kilo's
-// rule elects, numbered from the subnet in that order; allowed-location-ips
-// filtered as Kilo does (FilterAllowedLocationIPs).
+// rule elects, numbered from the subnet in that order. What the nodes
+// claim is admitted later (ClaimNodeAddresses, ClaimAllowedLocationIPs).
 func Segments(snap Snapshot, set Settings, self Self, h Host) Local {
 	var l Local
 	bySeg := map[string]*Segment{}
@@ -219,7 +229,6 @@ func Segments(snap Snapshot, set Settings, self Self, h Host) Local {
 			l.SelfSegment = s
 		}
 	}
-	l.Rejections = append(l.Rejections, filterAllowedLocationIPs(l.Segments, snap.Peers, snap.Meshes, set)...)
 	return l
 }
 
@@ -356,44 +365,15 @@ func isPublic(a netip.Addr) bool {
 	return b[0] != 0xfd || b[1] != 0x00
 }
 
-// filterAllowedLocationIPs applies Kilo's rule to allowed-location-ips and
-// sets each segment's: an entry is dropped when it overlaps another
-// segment's entry, when a pod CIDR, private IP or WireGuard IP of any
-// segment contains its address, or when it overlaps a Peer's allowed IPs.
-// An entry that contains pod CIDRs or private IPs is fine (the more
-// specific routes still win): a location's own LAN, the usual case. meshlet
-// reports each drop, and also drops entries that overlap a remote
-// cluster's networks (docs/kilo-compatibility.md).
-func filterAllowedLocationIPs(segs []*Segment, peers []Peer, meshes []Mesh, set Settings) []Rejection {
-	raw := make([][]netip.Prefix, len(segs))
-	for i, s := range segs {
-		seen := map[netip.Prefix]bool{}
-		for _, n := range s.Nodes {
-			for _, a := range n.AllowedLocationIPs {
-				if !seen[a] {
-					seen[a] = true
-					raw[i] = append(raw[i], a)
-				}
-			}
-		}
-		sortPrefixes(raw[i])
-	}
-	var rejs []Rejection
-	for i, s := range segs {
-		for _, ip := range raw[i] {
-			if why := allowedLocationIPConflict(segs, i, ip, raw, peers, meshes, set); why != "" {
-				rejs = append(rejs, rejectALIP(s, ip, why))
-				continue
-			}
-			s.AllowedLocationIPs = append(s.AllowedLocationIPs, ip)
-		}
-	}
-	return rejs
-}
-
-// allowedLocationIPConflict says why allowed-location-ip ip of segment i
-// cannot be routed to that segment, or "" when it can.
-func allowedLocationIPConflict(segs []*Segment, i int, ip netip.Prefix, raw [][]netip.Prefix, peers []Peer, meshes []Mesh, set Settings) string {
+// allowedLocationIPConflict is Kilo's own filter of allowed-location-ips
+// (FilterAllowedLocationIPs): it says why entry ip of segment i is dropped,
+// or "". An entry is dropped when it overlaps another segment's entry, or
+// when a pod CIDR, private IP or WireGuard IP of any segment contains its
+// address. What Kilo lets through is then a claim like any other
+// (ClaimAllowedLocationIPs): it may contain its own location's addresses
+// (its LAN, the usual case), not another location's
+// (docs/kilo-compatibility.md#claims).
+func allowedLocationIPConflict(segs []*Segment, i int, ip netip.Prefix, raw [][]netip.Prefix) string {
 	a := ip.Addr()
 	for j, o := range segs {
 		if j != i {
@@ -417,47 +397,10 @@ func allowedLocationIPConflict(segs []*Segment, i int, ip netip.Prefix, raw [][]
 			return "is the WireGuard IP of segment " + o.Key
 		}
 	}
-	for _, peer := range peers {
-		for _, pa := range peer.AllowedIPs {
-			if ip.Overlaps(pa) {
-				return "overlaps allowed IPs of peer " + peer.Name
-			}
-		}
-	}
-	// A network another cluster of a mesh owns: accepting it as local would
-	// make every local prefix check reject that whole remote cluster (one
-	// node annotation cutting the mesh), so the annotation loses, not the
-	// mesh.
-	if c, n, ok := remoteNetworkOverlapping(ip, meshes, set); ok {
-		return "overlaps " + n.String() + " of remote cluster " + c
-	}
 	return ""
 }
 
-// remoteNetworkOverlapping finds a remote cluster's allowedNetworks entry
-// (from the meshes this cluster belongs to) overlapping ip.
-func remoteNetworkOverlapping(ip netip.Prefix, meshes []Mesh, set Settings) (string, netip.Prefix, bool) {
-	for mi := range meshes {
-		m := &meshes[mi]
-		local, ok := localEntry(m, set.ClusterName)
-		if !ok {
-			continue
-		}
-		for _, e := range m.Clusters {
-			if e.Name == local.Name {
-				continue
-			}
-			for _, n := range e.AllowedNetworks {
-				if n.Bits() > 0 && ip.Overlaps(n.Masked()) {
-					return e.Name, n.Masked(), true
-				}
-			}
-		}
-	}
-	return "", netip.Prefix{}, false
-}
-
-func rejectALIP(s *Segment, ip netip.Prefix, why string) Rejection {
+func rejectALIP(s *Segment, ip netip.Prefix, reason Reason, msg string) Rejection {
 	owner := s.LeaderNode().Name
 	for _, n := range s.Nodes {
 		for _, a := range n.AllowedLocationIPs {
@@ -466,5 +409,5 @@ func rejectALIP(s *Segment, ip netip.Prefix, why string) Rejection {
 			}
 		}
 	}
-	return Rejection{Object: ObjectRef{Kind: "Node", Name: owner}, Field: "allowed-location-ips", Reason: ReasonNetworksOverlap, Message: ip.String() + " " + why}
+	return Rejection{Object: ObjectRef{Kind: "Node", Name: owner}, Field: "allowed-location-ips", Reason: reason, Message: msg}
 }

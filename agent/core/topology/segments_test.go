@@ -251,12 +251,12 @@ func TestSegments(t *testing.T) {
 			nodes: []Node{alip(a1, "192.168.50.0/24", "192.168.60.0/24")},
 			peers: []Peer{{Name: "laptop", PublicKey: key(20), AllowedIPs: pfxs("192.168.50.7/32")}},
 			want: localView{Segments: []segmentView{alips(sv("location:a", "a", "10.4.0.1", "a-1", "a-1"), "192.168.60.0/24")},
-				Rejections: []Rejection{dropped("a-1", "192.168.50.0/24 overlaps allowed IPs of peer laptop")}}},
+				Rejections: []Rejection{dropped("a-1", "192.168.50.0/24 contains 192.168.50.7/32 of Peer laptop")}}},
 		{name: "allowed-location-ips overlapping a remote cluster's network: dropped (the annotation loses, not the mesh)",
 			nodes:  []Node{alip(a1, "172.30.5.0/24", "10.244.200.0/24")},
 			meshes: mesh,
 			want: localView{Segments: []segmentView{alips(sv("location:a", "a", "10.4.0.1", "a-1", "a-1"), "10.244.200.0/24")},
-				Rejections: []Rejection{dropped("a-1", "172.30.5.0/24 overlaps 172.30.0.0/16 of remote cluster there")}}},
+				Rejections: []Rejection{dropped("a-1", "172.30.5.0/24 lies inside 172.30.0.0/16, reserved for remote cluster there by its ClusterMesh")}}},
 		{name: "a mesh this cluster is not in constrains nothing",
 			nodes:  []Node{alip(a1, "172.30.5.0/24")},
 			meshes: mesh, set: Settings{ClusterName: "elsewhere"},
@@ -264,7 +264,13 @@ func TestSegments(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			snap := Snapshot{Now: now, Nodes: tc.nodes, Peers: tc.peers, Meshes: tc.meshes}
-			l := Segments(snap, Defaults(tc.set), tc.self, tc.host)
+			set := Defaults(tc.set)
+			l := Segments(snap, set, tc.self, tc.host)
+			// What the nodes claim, in the planner's order (claims.go).
+			cs, rejs := ClaimNodeAddresses(l, snap.Nodes, set)
+			ResolveRemotes(snap.Meshes, set, cs)
+			ValidatePeers(snap.Peers, l, "", Key{}, cs)
+			l.Rejections = append(append(l.Rejections, rejs...), ClaimAllowedLocationIPs(l, cs)...)
 			check(t, "topology", view(l), tc.want)
 			if tc.wantSelf != nil {
 				check(t, "this node", l.Self, tc.wantSelf)

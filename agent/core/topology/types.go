@@ -147,10 +147,23 @@ type Self struct {
 	// under the half-dead rule (docs/kilo-compatibility.md#half-dead), and
 	// what was done to them.
 	Sessions []SessionObservation
+	// HostRoutes are the routes of the host that are neither meshlet's
+	// nor kg's (the default route, connected networks, a CNI's or DHCP's):
+	// the plan routes none of their destinations (docs/architecture.md#host).
+	HostRoutes []HostRoute
 	// Leaving, when set, is why this node's agent stops for good (its
 	// DaemonSet is gone, say): it hands its location's Lease over before it
 	// exits (docs/failover.md#restart).
 	Leaving string
+}
+
+// HostRoute is a route of the host that meshlet does not own: its table
+// (0 = main), destination and how the host describes it.
+type HostRoute struct {
+	Table int
+	Dst   netip.Prefix
+	// Desc is the route as `ip route` would show it, for the rejection.
+	Desc string
 }
 
 // CNIState is the CNI configuration list as the agent read it: the
@@ -236,6 +249,17 @@ type Node struct {
 	// could point somewhere the operator did not intend. In-cluster use is
 	// unaffected: Kilo itself falls back from force-endpoint to endpoint.
 	MalformedEndpoint bool
+	// Created is the Node's creation time: of two nodes claiming one
+	// prefix, the older keeps it (docs/security.md#claims).
+	Created time.Time
+	// ReportedIPs are the addresses of the node's status.addresses
+	// (InternalIP, ExternalIP): no other node may take one as its private
+	// IP.
+	ReportedIPs []netip.Addr
+	// PrivateIPRefused is the planner's (ClaimNodeAddresses): the private
+	// IP is another node's address, or overlaps an earlier claim, so it is
+	// routed to this node from no other location.
+	PrivateIPRefused bool
 }
 
 // KeepaliveRule is one entry of a Peer's meshlet.io/node-persistent-keepalive
@@ -255,6 +279,9 @@ type Peer struct {
 	PresharedKey        *Key
 	PublicKey           Key
 	NodeKeepalive       []KeepaliveRule
+	// Created is the Peer's creation time: of two Peers claiming one
+	// prefix, the older keeps it (then the name decides).
+	Created time.Time
 }
 
 // MeshCluster is one entry of a ClusterMesh's spec.clusters.
@@ -584,6 +611,17 @@ const (
 	// of a cluster, the Nodes of a remote cluster); the field or the flag is
 	// named (docs/kilo-compatibility.md#limits).
 	ReasonLimitExceeded Reason = "LimitExceeded"
+	// ReasonTooBroad: a prefix broader than anyone may claim
+	// (MinClaimBits4, MinClaimBits6; docs/security.md#claims).
+	ReasonTooBroad Reason = "PrefixTooBroad"
+	// ReasonDuplicatePrivateIP: a node's private IP is another node's
+	// address, or overlaps what an earlier owner holds: it is not routed to
+	// the node from other locations.
+	ReasonDuplicatePrivateIP Reason = "DuplicatePrivateIP"
+	// ReasonHostRoute: the host already routes a destination of the plan
+	// (its default route, a connected network, a CNI's or DHCP's route):
+	// meshlet leaves that route alone and does not install its own.
+	ReasonHostRoute Reason = "HostRouteConflict"
 )
 
 // SessionObservation is one session under the half-dead rule (a peer with

@@ -27,7 +27,7 @@ import (
 // wire format and decodes only the metadata (every label and annotation:
 // the reflector reads its bookmarks' annotations), spec.podCIDR(s) and
 // spec.unschedulable, the
-// ExternalIP addresses and the first Ready condition (type, status,
+// InternalIP and ExternalIP addresses and the first Ready condition (type, status,
 // reason): what TransformNode keeps. Anything else (other kinds, JSON) is
 // decoded as usual.
 
@@ -441,7 +441,7 @@ func decodeNodeStatus(b []byte, s *corev1.NodeStatus) error {
 				s.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady,
 					Status: corev1.ConditionStatus(status), Reason: string(reason)}}
 			}
-		case 5: // addresses: ExternalIP ones
+		case 5: // addresses: InternalIP and ExternalIP ones
 			var typ, addr []byte
 			if err := eachField(f.bytes, func(a field) error {
 				switch a.num {
@@ -454,8 +454,8 @@ func decodeNodeStatus(b []byte, s *corev1.NodeStatus) error {
 			}); err != nil {
 				return err
 			}
-			if string(typ) == string(corev1.NodeExternalIP) {
-				s.Addresses = append(s.Addresses, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: string(addr)})
+			if t := corev1.NodeAddressType(typ); t == corev1.NodeExternalIP || t == corev1.NodeInternalIP {
+				s.Addresses = append(s.Addresses, corev1.NodeAddress{Type: t, Address: string(addr)})
 			}
 		}
 		return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/reconcile"
 	"github.com/meshlet/meshlet/netlinkx"
 	"github.com/meshlet/meshlet/wg"
+	"golang.org/x/sys/unix"
 )
 
 // WireGuard applies the plan's device through wg.Manager.
@@ -104,6 +105,7 @@ type hostFacts struct {
 	tunnel       string
 	gateway      netip.Addr
 	ciliumHostIP netip.Prefix
+	hostRoutes   []topology.HostRoute
 }
 
 // readHost reads the host's facts, or returns the last ones while the Host
@@ -132,7 +134,12 @@ func (f *Facts) readHost() (*hostFacts, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &hostFacts{addrs: addrs, iface: iface, mtu: mtu, tunnel: tunnel, gateway: gw, ciliumHostIP: f.Host.InterfaceIPv4("cilium_host")}
+	routes, err := f.Host.HostRoutes(f.WireGuard.Interface(), unix.RT_TABLE_MAIN, topology.KiloTable)
+	if err != nil {
+		return nil, err
+	}
+	h := &hostFacts{addrs: addrs, iface: iface, mtu: mtu, tunnel: tunnel, gateway: gw, ciliumHostIP: f.Host.InterfaceIPv4("cilium_host"),
+		hostRoutes: HostRoutes(routes)}
 	if watched {
 		f.host, f.events = h, events
 	}
@@ -158,6 +165,7 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 		PublicKey: topology.Key(f.WireGuard.PublicKey()), Version: f.Version, HostnameAddrs: f.HostnameAddrs,
 		DefaultInterface: h.iface, DefaultMTU: h.mtu, DefaultGateway: h.gateway, CiliumHostIP: h.ciliumHostIP, TunnelDevice: h.tunnel,
 		Addresses: make([]topology.HostAddress, len(h.addrs)), Device: make([]topology.DevicePeer, len(st.Peers)),
+		HostRoutes: h.hostRoutes,
 	}
 	for i, a := range h.addrs {
 		self.Addresses[i] = topology.HostAddress(a)
@@ -177,6 +185,20 @@ func (f *Facts) Self(ctx context.Context) (topology.Self, error) {
 		}
 	}
 	return self, nil
+}
+
+// HostRoutes translates the host's own routes for the planner (the main
+// table is the plan's table 0).
+func HostRoutes(rs []netlinkx.HostRoute) []topology.HostRoute {
+	out := make([]topology.HostRoute, 0, len(rs))
+	for _, r := range rs {
+		t := r.Table
+		if t == unix.RT_TABLE_MAIN {
+			t = 0
+		}
+		out = append(out, topology.HostRoute{Table: t, Dst: r.Dst, Desc: r.Desc})
+	}
+	return out
 }
 
 // Sysctl reads a sysctl of the node's network namespace (`meshlet
