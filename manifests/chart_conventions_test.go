@@ -335,6 +335,9 @@ func TestChartValues(t *testing.T) {
 	check("podMonitor labels", pm.GetLabels()["release"] == "kube-prometheus-stack", pm.GetLabels())
 	check("prometheusRule labels", find(objs, "PrometheusRule", "meshlet").GetLabels()["release"] == "kube-prometheus-stack", nil)
 	check("dashboard label", find(objs, "ConfigMap", "meshlet-dashboard").GetLabels()["grafana_dashboard"] == "1", nil)
+	check("admissionPolicy", find(objs, "ValidatingAdmissionPolicy", "meshlet") == nil, "rendered")
+	secrets := fmt.Sprint(find(objs, "Role", "meshlet").Object["rules"])
+	check("remoteSecrets and clusterMesh's Secrets", strings.Contains(secrets, "resourceNames:[cluster-c-kubeconfig b-kubeconfig] resources:[secrets]"), secrets)
 }
 
 // TestChartMonitoringNeedsTheAPI: the Prometheus Operator's objects are

@@ -141,7 +141,8 @@ func sameObjects(t *testing.T, what string, helmObjs, kustomizeObjs []*unstructu
 func TestChartEqualsKustomize(t *testing.T) {
 	tmpl := func(set ...string) []*unstructured.Unstructured {
 		args := []string{"template", "meshlet", "chart", "--namespace", ns, "--skip-tests",
-			"--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"}
+			"--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+			"--api-versions", vapAPI}
 		for _, s := range set {
 			args = append(args, "--set", s)
 		}
@@ -152,6 +153,9 @@ func TestChartEqualsKustomize(t *testing.T) {
 		tmpl("wireguard.sidecar=true", "apiServer.host=127.0.0.1", "apiServer.port=7445"),
 		decode(t, kustomizeBuild(t, "testdata/talos-userspace")))
 	sameObjects(t, "kgKey vs testdata/kg-key", tmpl("kgKey=true"), decode(t, kustomizeBuild(t, "testdata/kg-key")))
+	sameObjects(t, "remoteSecrets vs testdata/remote-secrets", tmpl("remoteSecrets={cluster-b-kubeconfig}"),
+		decode(t, kustomizeBuild(t, "testdata/remote-secrets")))
+	sameObjects(t, "admissionPolicy.enabled=false vs manifests/base", tmpl("admissionPolicy.enabled=false"), decode(t, kustomizeBuild(t, "base")))
 	sameObjects(t, "monitoring vs manifests/ + manifests/monitoring",
 		tmpl("monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"),
 		append(decode(t, kustomizeBuild(t, ".")), decode(t, kustomizeBuild(t, "monitoring"))...))
@@ -194,7 +198,8 @@ func toStrings(in []any) []string {
 }
 
 func TestHelmLint(t *testing.T) {
-	for _, set := range [][]string{nil, {"--set", "wireguard.sidecar=true,privileged=false,monitoring.podMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.grafanaDashboard.enabled=true,apiServer.host=127.0.0.1,apiServer.port=7445"}} {
+	for _, set := range [][]string{nil, {"--set", "wireguard.sidecar=true,privileged=false,monitoring.podMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.grafanaDashboard.enabled=true,apiServer.host=127.0.0.1,apiServer.port=7445"},
+		{"--set", "admissionPolicy.enabled=false"}} {
 		out := helm(t, append([]string{"lint", "--strict", "chart"}, set...)...)
 		if !bytes.Contains(out, []byte("0 chart(s) failed")) || bytes.Contains(out, []byte("[WARNING]")) || bytes.Contains(out, []byte("[ERROR]")) {
 			t.Errorf("helm lint %v:\n%s", set, out)
@@ -222,5 +227,48 @@ func TestChartCopies(t *testing.T) {
 		if !bytes.Equal(a, b) {
 			t.Errorf("%s differs from %s: cp %s %s", chart, src, src, chart)
 		}
+	}
+}
+
+// vapAPI is the kind the API server serves from Kubernetes 1.30 on, which
+// the chart renders its admission policy for (helm template knows kinds
+// only when told).
+const vapAPI = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+// TestChartAdmissionPolicy: the policy confining the agents to their nodes
+// (docs/security.md#admission) is rendered by default where the API server
+// serves it, for the release's namespace; not where it does not (before
+// Kubernetes 1.30, or helm template not told), nor when
+// admissionPolicy.enabled is false.
+func TestChartAdmissionPolicy(t *testing.T) {
+	const user = "system:serviceaccount:' + 'kilo-system' + ':' + 'meshlet'"
+	for _, tc := range []struct {
+		name string
+		args []string
+		user string // "" = no policy
+	}{
+		{"served", []string{"--api-versions", vapAPI}, user},
+		{"in kube-system", []string{"--api-versions", vapAPI, "--namespace", "kube-system"}, "system:serviceaccount:' + 'kube-system' + ':' + 'meshlet'"},
+		{"not served (before 1.30)", nil, ""},
+		{"turned off", []string{"--api-versions", vapAPI, "--set", "admissionPolicy.enabled=false"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"template", "meshlet", "chart", "--namespace", ns, "--skip-tests"}, tc.args...)
+			objs := decode(t, helm(t, args...))
+			p, b := find(objs, "ValidatingAdmissionPolicy", "meshlet"), find(objs, "ValidatingAdmissionPolicyBinding", "meshlet")
+			if tc.user == "" {
+				if p != nil || b != nil {
+					t.Errorf("policy %v, binding %v rendered, want none", p != nil, b != nil)
+				}
+				return
+			}
+			if p == nil || b == nil {
+				t.Fatalf("policy %v, binding %v rendered, want both", p != nil, b != nil)
+			}
+			mcs, _, _ := unstructured.NestedSlice(p.Object, "spec", "matchConditions")
+			if got := fmt.Sprint(mcs); !strings.Contains(got, "request.userInfo.username == '"+tc.user) {
+				t.Errorf("matchConditions %s, want the user %s", got, tc.user)
+			}
+		})
 	}
 }

@@ -84,13 +84,15 @@ func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Un
 func TestKustomizeBuild(t *testing.T) {
 	objs := decode(t, kustomizeBuild(t, "."))
 	want := map[string]string{
-		"ServiceAccount":     "meshlet",
-		"ClusterRole":        "meshlet",
-		"ClusterRoleBinding": "meshlet",
-		"Role":               "meshlet",
-		"RoleBinding":        "meshlet",
-		"DaemonSet":          "meshlet",
-		"Service":            "meshlet",
+		"ServiceAccount":                   "meshlet",
+		"ClusterRole":                      "meshlet",
+		"ClusterRoleBinding":               "meshlet",
+		"Role":                             "meshlet",
+		"RoleBinding":                      "meshlet",
+		"DaemonSet":                        "meshlet",
+		"Service":                          "meshlet",
+		"ValidatingAdmissionPolicy":        "meshlet",
+		"ValidatingAdmissionPolicyBinding": "meshlet",
 	}
 	for kind, name := range want {
 		if find(objs, kind, name) == nil {
@@ -167,6 +169,77 @@ func TestKustomizeBuild(t *testing.T) {
 		if find(remote, kind, "meshlet-remote") == nil {
 			t.Errorf("kustomize build remote: no %s meshlet-remote", kind)
 		}
+	}
+
+	// Least privilege: no Secret without a name (components/remote-secrets
+	// adds the named ones).
+	for _, dir := range []string{".", "talos", "dropin"} {
+		for _, o := range decode(t, kustomizeBuild(t, dir)) {
+			rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+			for _, r := range rules {
+				r := r.(map[string]any)
+				if names, _ := r["resourceNames"].([]any); strings.Contains(fmt.Sprint(r["resources"]), "secrets") && len(names) == 0 {
+					t.Errorf("kustomize build %s: %s %s grants Secrets without names: %v", dir, o.GetKind(), o.GetName(), r)
+				}
+			}
+		}
+	}
+	named := find(decode(t, kustomizeBuild(t, "testdata/remote-secrets")), "Role", "meshlet")
+	if r := fmt.Sprint(named.Object["rules"]); !strings.Contains(r, "resourceNames:[cluster-b-kubeconfig] resources:[secrets] verbs:[list watch]") {
+		t.Errorf("components/remote-secrets: Role rules %s, want list and watch on the Secret cluster-b-kubeconfig", r)
+	}
+
+	// The admission policy names the ServiceAccount its build binds:
+	// meshlet's in manifests/ and talos/, Kilo's in the drop-in's add-on
+	// (kube-system, or whatever namespace dropin/grants/kustomization.yaml sets).
+	for dir, want := range map[string]string{
+		".":                "ValidatingAdmissionPolicy/meshlet system:serviceaccount:' + 'kilo-system' + ':' + 'meshlet'",
+		"talos":            "ValidatingAdmissionPolicy/meshlet system:serviceaccount:' + 'kilo-system' + ':' + 'meshlet'",
+		"dropin/admission": "ValidatingAdmissionPolicy/meshlet-dropin system:serviceaccount:' + 'kube-system' + ':' + 'kilo'",
+	} {
+		objs := decode(t, kustomizeBuild(t, dir))
+		kn, user, _ := strings.Cut(want, " ")
+		kind, name, _ := strings.Cut(kn, "/")
+		p := find(objs, kind, name)
+		if p == nil {
+			t.Errorf("kustomize build %s: no %s", dir, kn)
+			continue
+		}
+		mcs, _, _ := unstructured.NestedSlice(p.Object, "spec", "matchConditions")
+		if got := fmt.Sprint(mcs); len(mcs) != 1 || !strings.Contains(got, "request.userInfo.username == '"+user) {
+			t.Errorf("kustomize build %s: %s matchConditions %s, want the user %s", dir, kn, got, user)
+		}
+		if b := find(objs, "ValidatingAdmissionPolicyBinding", name); b == nil {
+			t.Errorf("kustomize build %s: no ValidatingAdmissionPolicyBinding %s", dir, name)
+		} else if policy, _, _ := unstructured.NestedString(b.Object, "spec", "policyName"); policy != name {
+			t.Errorf("kustomize build %s: binding %s of policy %q, want %s", dir, name, policy, name)
+		}
+	}
+	if got := len(decode(t, kustomizeBuild(t, "dropin/admission"))); got != len(decode(t, kustomizeBuild(t, "dropin")))+2 {
+		t.Errorf("kustomize build dropin/admission: %d objects, want the grants and the policy with its binding", got)
+	}
+	// Cozystack: the one namespace the docs say to set moves the grants,
+	// their subjects and the policy's user to cozy-kilo.
+	tmp := t.TempDir()
+	for _, dir := range []string{"dropin", "components"} {
+		if err := os.CopyFS(filepath.Join(tmp, dir), os.DirFS(dir)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kf := filepath.Join(tmp, "dropin", "grants", "kustomization.yaml")
+	k, err := os.ReadFile(kf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kf, bytes.Replace(k, []byte("namespace: kube-system"), []byte("namespace: cozy-kilo"), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cozy := kustomizeBuild(t, filepath.Join(tmp, "dropin", "admission"))
+	if n := bytes.Count(cozy, []byte("namespace: cozy-kilo")); bytes.Contains(cozy, []byte("kube-system")) || n != 4 {
+		t.Errorf("dropin/admission with namespace cozy-kilo: %d objects and subjects in cozy-kilo, kube-system left: %v\n%s", n, bytes.Contains(cozy, []byte("kube-system")), cozy)
+	}
+	if !bytes.Contains(cozy, []byte("'system:serviceaccount:' + 'cozy-kilo'")) {
+		t.Errorf("dropin/admission with namespace cozy-kilo: the policy does not name cozy-kilo/kilo:\n%s", cozy)
 	}
 }
 
@@ -557,10 +630,9 @@ spec:
 		if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		agentTok, err := srv.ServiceAccountToken(ctx, ns, "meshlet")
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The agent's token as its pod on n1 has it: the admission policy
+		// (components/admission) lets only such a token write n1.
+		agentTok := podToken(ctx, t, cs, ns, "meshlet", "n1")
 		remoteTok, err := srv.ServiceAccountToken(ctx, ns, "meshlet-remote")
 		if err != nil {
 			t.Fatal(err)
@@ -607,7 +679,8 @@ spec:
 				{"create", "", "events", "default", true}, {"patch", "", "events", "default", true},
 				{"create", "events.k8s.io", "events", "default", true},
 				{"list", "kilo.squat.ai", "clustermeshes", ns, true}, {"watch", "kilo.squat.ai", "clustermeshes", ns, true},
-				{"list", "", "secrets", ns, true}, {"watch", "", "secrets", ns, true},
+				// No Secret until one is named (components/remote-secrets).
+				{"list", "", "secrets", ns, false}, {"watch", "", "secrets", ns, false},
 				// The ClusterMesh CRD's schema, read by the status writer; no
 				// other CRD verb.
 				{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", true},
@@ -687,7 +760,7 @@ spec:
 			[]byte(`{"metadata":{"annotations":{"kilo.squat.ai/key":"GY5aT1N9dTR/nJnT1N2f4ClZWVj0jOAld0r8ysWLyjg="}}}`), metav1.PatchOptions{})
 		mustOK("agent patches its node's annotations", err)
 		_, err = agent.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
-		mustOK("agent lists secrets in kilo-system", err)
+		mustForbidden("agent lists secrets in kilo-system (none named)", err)
 		_, err = agent.CoreV1().Secrets("other").List(ctx, metav1.ListOptions{})
 		mustForbidden("agent lists secrets in another namespace", err)
 		_, err = agent.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})

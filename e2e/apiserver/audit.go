@@ -106,14 +106,14 @@ func WaitAuthorized(ctx context.Context, cfg *rest.Config, checks ...authorizati
 
 // AgentGrants are requests meshlet's agent makes with manifests/base's
 // RBAC, RemoteGrants those of its remote credentials (manifests/remote):
-// what WaitAuthorized waits for before an agent starts.
+// what WaitAuthorized waits for before an agent starts. The base grants no
+// Secret: a test that names kubeconfig Secrets grants and waits for them.
 func AgentGrants(namespace string) []authorizationv1.ResourceAttributes {
 	return []authorizationv1.ResourceAttributes{
 		{Verb: "watch", Resource: "nodes"}, {Verb: "patch", Resource: "nodes"},
 		{Verb: "watch", Group: "kilo.squat.ai", Resource: "peers"},
 		{Verb: "watch", Group: "kilo.squat.ai", Resource: "clustermeshes", Namespace: namespace},
 		{Verb: "patch", Group: "kilo.squat.ai", Resource: "clustermeshes", Subresource: "status", Namespace: namespace},
-		{Verb: "watch", Resource: "secrets", Namespace: namespace},
 		{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: namespace},
 		{Verb: "create", Resource: "events", Namespace: "default"},
 		{Verb: "get", Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"},

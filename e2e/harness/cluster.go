@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -87,6 +88,13 @@ func (e *Env) AddCluster(ctx context.Context, spec ClusterSpec) (*Cluster, error
 			return nil, fmt.Errorf("cluster %s: applying %s: %w", spec.Name, f, err)
 		}
 	}
+	// manifests/base grants no Secret: a user adds the kubeconfig Secrets
+	// its ClusterMeshes name, by name (manifests/components/remote-secrets).
+	// The tests name many, made as they go: every Secret of the namespace
+	// stands in for that list.
+	if _, err := apiserver.Apply(ctx, admin, []byte(kubeconfigSecretsRBAC), apiserver.ApplyOptions{}); err != nil {
+		return nil, fmt.Errorf("cluster %s: kubeconfig Secrets' RBAC: %w", spec.Name, err)
+	}
 	tok, err := srv.ServiceAccountToken(ctx, Namespace, "meshlet")
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", spec.Name, err)
@@ -110,7 +118,8 @@ func (e *Env) AddCluster(ctx context.Context, spec ClusterSpec) (*Cluster, error
 	}
 	// The grants in force before any agent starts: every request of
 	// meshlet's must succeed (the audit check at the end of each test).
-	if err := apiserver.WaitAuthorized(ctx, srv.TokenConfig(tok), apiserver.AgentGrants(Namespace)...); err != nil {
+	if err := apiserver.WaitAuthorized(ctx, srv.TokenConfig(tok), append(apiserver.AgentGrants(Namespace),
+		authorizationv1.ResourceAttributes{Verb: "watch", Resource: "secrets", Namespace: Namespace})...); err != nil {
 		return nil, fmt.Errorf("cluster %s: agent RBAC: %w", spec.Name, err)
 	}
 	if err := apiserver.WaitAuthorized(ctx, srv.TokenConfig(rtok), apiserver.RemoteGrants()...); err != nil {
@@ -123,6 +132,21 @@ func (e *Env) AddCluster(ctx context.Context, spec ClusterSpec) (*Cluster, error
 	e.Logf("cluster %s: API server %s (admin kubeconfig %s)", spec.Name, srv.URL(), filepath.Join(dir, "admin.kubeconfig"))
 	return c, nil
 }
+
+// kubeconfigSecretsRBAC grants meshlet's agent the Secrets of its
+// namespace (AddCluster says why).
+const kubeconfigSecretsRBAC = `apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: meshlet-kubeconfigs, namespace: ` + Namespace + `}
+rules:
+- {apiGroups: [""], resources: [secrets], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: meshlet-kubeconfigs, namespace: ` + Namespace + `}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: meshlet-kubeconfigs}
+subjects: [{kind: ServiceAccount, name: meshlet, namespace: ` + Namespace + `}]
+`
 
 // AdminKubeconfig is the path of a cluster-admin kubeconfig (for kubectl).
 func (c *Cluster) AdminKubeconfig() string {

@@ -69,6 +69,13 @@ const (
 	// and it is a candidate only when nobody else can lead. Unlike a
 	// degraded node it does not cool down.
 	ReasonLeaving = "Leaving"
+	// ReasonForeignLeaseHolder: the location's Lease is held by a name
+	// that is none of the location's Ready nodes (ForeignHolder). The
+	// API server lets an agent take any meshlet Lease for its own node
+	// (manifests/components/admission: it cannot tell which location a
+	// node is in), so a node of another location, or a compromised one,
+	// could otherwise keep a location leaderless for as long as it renews.
+	ReasonForeignLeaseHolder = "ForeignLeaseHolder"
 )
 
 // States of a probed tunnel (TunnelState).
@@ -101,6 +108,15 @@ func TunnelState(t topology.TunnelProbe, now time.Time) string {
 // as this agent saw.
 func holderAlive(l *topology.LeaseState, now time.Time) bool {
 	return l.Holder != "" && now.Before(l.Fresh.Add(l.Duration))
+}
+
+// ForeignHolder reports whether holder, the holder of a location's Lease,
+// is no valid holder: a name ("" is a free Lease) that is none of nodes,
+// the location's Ready nodes (its segment) as this agent sees them. Such a
+// holder is treated as none (docs/security.md#admission): the candidates
+// take the Lease over, and Kilo's leader is not vetoed meanwhile.
+func ForeignHolder(holder string, nodes []string) bool {
+	return holder != "" && !slices.Contains(nodes, holder)
 }
 
 // LeaseName is the name of a location's Lease: meshlet-leader-<location>
@@ -313,6 +329,19 @@ func Decide(in Input) Decision {
 			l.Unmark = []string{in.Self}
 		}
 		return d
+	}
+	// A holder that is no Ready node of this location (a node elsewhere
+	// took the Lease, or it moved away while holding it) leads nothing
+	// here: the Lease is treated as free, the holder reported as ignored.
+	names := make([]string, len(seg.Nodes))
+	for i, n := range seg.Nodes {
+		names[i] = n.Name
+	}
+	if ForeignHolder(lease.Holder, names) {
+		free := *lease
+		free.Holder = ""
+		lease = &free
+		l.Why += "; the Lease's holder " + l.Holder + " is not a Ready node of location " + l.Location + ": ignored (" + ReasonForeignLeaseHolder + ")"
 	}
 	alive := holderAlive(lease, now)
 	// A leader gives leadership up once degraded for StepAsideAfter; a

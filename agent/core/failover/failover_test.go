@@ -360,3 +360,74 @@ func TestPublish(t *testing.T) {
 		})
 	}
 }
+
+// TestDecideForeignHolder: a Lease held by a name that is none of the
+// location's Ready nodes — a node of another location (which the API
+// server's admission policy lets take it: manifests/components/admission),
+// a name of no node, a node of the location not Ready — is no valid
+// holder: the Lease is free for the candidates (in Kilo's order, as after
+// a release), Kilo's leader is not vetoed, and the plan says why. A Ready
+// node of the location holding it, or a location under Kilo's rule, is as
+// before.
+func TestDecideForeignHolder(t *testing.T) {
+	const governedWhy = "every node runs meshlet: the holder of the Lease leads"
+	ignored := func(holder string) string {
+		return governedWhy + "; the Lease's holder " + holder + " is not a Ready node of location x: ignored (ForeignLeaseHolder)"
+	}
+	all := []string{"x-1", "x-2", "x-3"}
+	three := []topology.Node{xnode(1), xnode(2), xnode(3)}
+	elsewhere := func(n *topology.Node) { n.LocationAnnotation = "y" }
+	for _, tc := range []struct {
+		name string
+		in   Input
+		want Decision
+	}{
+		{name: "a node of another location holds, renewing: Kilo's leader leads, first to take the Lease",
+			in: func() Input {
+				in := input("x-1", three, held("x-9", 0), Judgement{})
+				in.Nodes = append(in.Nodes, xnode(9, elsewhere)) // published, in location y's segment
+				return in
+			}(),
+			want: Decision{Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Governed: true, Why: ignored("x-9"),
+				Holder: "x-9", Candidates: all, Candidate: true}}},
+		{name: "a name of no node holds: the second candidate waits one stagger",
+			in: input("x-2", three, held("evil", 0), Judgement{}),
+			want: Decision{Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Governed: true, Why: ignored("evil"),
+				Holder: "evil", Candidates: all, Candidate: true, Wait: RankStagger}}},
+		{name: "a node of the location that is not Ready holds: ignored alike",
+			in: input("x-1", []topology.Node{xnode(1), xnode(2), xnode(3), xnode(4, unseen)}, held("x-4", 0), Judgement{}),
+			want: Decision{Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Governed: true, Why: ignored("x-4"),
+				Holder: "x-4", Candidates: all, Candidate: true}}},
+		{name: "a foreign holder and a degraded Kilo's leader: it steps aside, as with a free Lease",
+			in: input("x-1", three, held("evil", 0), Judgement{GatewayDown: true, GatewayOnset: now.Add(-StepAsideAfter)}),
+			want: Decision{Veto: true, Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Governed: true, Why: ignored("evil"),
+				Holder: "evil", Candidates: []string{"x-2", "x-3"}, StepAside: ReasonGatewayUnreachable, Degraded: ReasonGatewayUnreachable}}},
+		{name: "the control: a Ready node of the location holds, and Kilo's leader is vetoed",
+			in: input("x-1", three, held("x-2", 0), Judgement{}),
+			want: Decision{Veto: true, Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Governed: true, Why: governedWhy,
+				Holder: "x-2", Candidates: all, Candidate: true}}},
+		{name: "the control: this node holds",
+			in: input("x-1", three, held("x-1", 0), Judgement{}),
+			want: Decision{Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Governed: true, Why: governedWhy,
+				Holder: "x-1", Candidates: all, Candidate: true, Hold: true, Claim: true}}},
+		{name: "under Kilo's rule the holder does not matter: nothing said",
+			in: input("x-1", []topology.Node{xnode(1), xnode(2, kg)}, held("evil", 0), Judgement{}),
+			want: Decision{Leadership: &topology.Leadership{Location: "x", Lease: "meshlet-leader-x", Holder: "evil",
+				Why: "kg runs on x-2 and cannot follow a Lease: Kilo's rule (failover when last-seen ages out, 60 s)"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			check(t, "decision", Decide(tc.in), tc.want)
+		})
+	}
+}
+
+// TestForeignHolder: a free Lease and a holder among the location's nodes
+// are valid; any other name is not.
+func TestForeignHolder(t *testing.T) {
+	nodes := []string{"x-1", "x-2"}
+	for holder, want := range map[string]bool{"": false, "x-1": false, "x-2": false, "y-1": true, "x-1 ": true} {
+		if got := ForeignHolder(holder, nodes); got != want {
+			t.Errorf("ForeignHolder(%q) = %v, want %v", holder, got, want)
+		}
+	}
+}

@@ -9,13 +9,18 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
+	"github.com/meshlet/meshlet/agent/runtime/cluster/kubeconfigtest"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 )
 
@@ -28,27 +33,28 @@ import (
 
 // seedCA is a self-signed CA certificate in PEM, like the e2e API
 // servers' certificate-authority-data.
-func seedCA(f *testing.F) []byte {
+func seedCA(tb testing.TB) []byte {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		f.Fatal(err)
+		tb.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "meshlet-e2e-ca"},
 		NotBefore: time.Unix(1_700_000_000, 0), NotAfter: time.Unix(2_000_000_000, 0), IsCA: true, BasicConstraintsValid: true}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		f.Fatal(err)
+		tb.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // FuzzRemoteConfig: a remote kubeconfig Secret's content is refused with a
-// *KubeconfigError or turned into a client configuration that carries
+// *KubeconfigError whose message quotes none of the kubeconfig's values
+// (credentialValues), or turned into a client configuration that carries
 // inline credentials only (no exec plugin unless allowed, no auth
-// provider, no file path) for an https server; and client-go's own loader,
-// given the same bytes, would talk to the same server with the same
-// credentials (RemoteConfig does not read a different entry than the
-// kubeconfig means).
+// provider, no file path, no user info in a URL) for an https server; and
+// client-go's own loader, given the same bytes, would talk to the same
+// server with the same credentials (RemoteConfig does not read a different
+// entry than the kubeconfig means).
 func FuzzRemoteConfig(f *testing.F) {
 	ca := string(seedCA(f))
 	// The remote kubeconfig Secrets of the e2e runs (e2e/harness/cluster.go:
@@ -79,10 +85,25 @@ func FuzzRemoteConfig(f *testing.F) {
 		{nil, []string{"username: u", "password: p"}, false},
 		{nil, []string{"as: admin", "as-groups: [system:masters]"}, false},
 		{[]string{"proxy-url: file:///etc/passwd"}, []string{"token: t"}, false},
+		{[]string{"proxy-url: http://u:secret-in-proxy@10.0.0.1:3128"}, []string{"token: t"}, false},
+		{nil, []string{"token: \"two words\""}, false},
 	} {
 		f.Add(kubeconfigWith("https://10.0.0.1:6443", ca, s.cluster, s.user), s.exec)
 	}
 	f.Add(kubeconfigWith("http://10.0.0.1:6443", "", nil, []string{"token: t"}), false)
+	f.Add(kubeconfigWith("https://admin:secret-in-server@10.0.0.1:6443", ca, nil, []string{"token: t"}), false)
+	f.Add(kubeconfigWith("https://10.0.0.1:6443/?token=secret-in-query", ca, nil, []string{"token: t"}), false)
+	// Hostile shapes (kubeconfigtest.Hostiles: two users of one name with
+	// inline credentials, aliases, malformed YAML, bad base64 and PEM).
+	hs, err := kubeconfigtest.Hostiles("https://10.0.0.1:6443", []byte(ca))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, h := range hs {
+		if len(h.Kubeconfig) < 64<<10 {
+			f.Add(h.Kubeconfig, false)
+		}
+	}
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Config","current-context":"c","contexts":[{"name":"c","context":{"cluster":"k","user":"u"}}],`+
 		`"clusters":[{"name":"k","cluster":{"server":"https://h"}}],"users":[{"name":"u","user":{"token":"t"}}]}`), false)
 	f.Add([]byte("apiVersion: v1\nkind: Config\ncurrent-context: x\ncontexts:\n- name: x\n  context: {cluster: c}\nclusters:\n- name: c\n  cluster: {server: 'https://[::1]:1'}\n"), false)
@@ -93,6 +114,11 @@ func FuzzRemoteConfig(f *testing.F) {
 			var ke *KubeconfigError
 			if !errors.As(err, &ke) || cfg != nil || ke.Reason == "" || ke.Error() == "" {
 				t.Fatalf("refusal %T %v with config %v", err, err, cfg)
+			}
+			for _, v := range credentialValues(data) {
+				if strings.Contains(err.Error(), v) {
+					t.Fatalf("refusal %q quotes the kubeconfig's value %q", err, v)
+				}
 			}
 			return
 		}
@@ -107,6 +133,14 @@ func FuzzRemoteConfig(f *testing.F) {
 		}
 		if u, err := url.Parse(cfg.Host); err != nil || u.Scheme != "https" || u.Host == "" {
 			t.Fatalf("host %q is not https", cfg.Host)
+		} else if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			t.Fatalf("host %q has user info, a query or a fragment", cfg.Host)
+		}
+		if cfg.Proxy != nil {
+			p, err := cfg.Proxy(&http.Request{URL: &url.URL{Scheme: "https", Host: "x"}})
+			if err != nil || p == nil || p.User != nil {
+				t.Fatalf("proxy %v (%v): want one without user info", p, err)
+			}
 		}
 		if len(cfg.CertData) > 0 != (len(cfg.KeyData) > 0) {
 			t.Fatal("a client certificate without its key")
@@ -138,4 +172,47 @@ func FuzzRemoteConfig(f *testing.F) {
 			t.Fatalf("exec plugin: ours %v, client-go's loader %v", cfg.ExecProvider, want.ExecProvider)
 		}
 	})
+}
+
+// credentialValues are the scalar values of data (as YAML) that a refusal
+// must not quote: every string that looks like a credential or a URL (12
+// bytes or more, letters and digits, no space: no run of a message's own
+// text does) and is not also a name (names are quoted, to say which entry
+// is refused); none if data is not YAML.
+func credentialValues(data []byte) []string {
+	var doc any
+	if yaml.Unmarshal(data, &doc) != nil {
+		return nil
+	}
+	names := map[string]bool{}
+	var values []string
+	var walk func(key string, v any)
+	walk = func(key string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				walk(k, x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(key, x)
+			}
+		case string:
+			switch key {
+			case "name", "cluster", "user", "current-context":
+				names[v] = true
+			default:
+				values = append(values, v)
+			}
+		}
+	}
+	walk("", doc)
+	var out []string
+	for _, v := range values {
+		if len(v) >= 12 && !names[v] && !strings.ContainsAny(v, " \t\r\n") &&
+			strings.ContainsAny(v, "0123456789") && strings.ContainsFunc(v, unicode.IsLetter) {
+			out = append(out, v)
+		}
+	}
+	return out
 }

@@ -91,7 +91,7 @@ func ReadRemote(ctx context.Context, clk clock.PassiveClock, kubeconfig []byte, 
 	cfg.Timeout = 15 * time.Second
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return Cluster{}, fmt.Errorf("kubernetes client: %w", err)
+		return Cluster{}, fmt.Errorf("kubeconfig refused: %w", clientBuildError(err))
 	}
 	var out Cluster
 	// A cluster without Kilo's Peer CRD still meshes (as the watchers).

@@ -282,6 +282,7 @@ func (w *remote) connect(parent context.Context, kubeconfig []byte) {
 		probeCfg.Timeout = 15 * time.Second
 		client, err = kubernetes.NewForConfig(probeCfg)
 	}
+	err = clientBuildError(err)
 	w.mu.Lock()
 	w.connectErr = err
 	w.gen++

@@ -62,6 +62,9 @@ const (
 	ChangeFirst    = "First"
 	ChangeReleased = "Released"
 	ChangeExpired  = "Expired"
+	// ChangeForeign: the holder was none of the location's Ready nodes
+	// (failover.ForeignHolder), ignored and taken over.
+	ChangeForeign = failover.ReasonForeignLeaseHolder
 )
 
 // Defaults (docs/failover.md#timing).
@@ -130,6 +133,16 @@ type Elector struct {
 	// governance is the location's last logged rule (location, Lease or
 	// Kilo's rule, why).
 	governance string
+	// locationNodes are the Ready nodes of this node's location as the
+	// last plan saw them (its segment): the only valid holders of its
+	// Lease. reports: this node leads the location in that plan, so it
+	// writes the Event about a foreign holder (one per location).
+	locationNodes []string
+	reports       bool
+	// foreign is the holder last judged no node of the location, since
+	// foreignSince: it is treated as a holder that stopped renewing then.
+	foreign      string
+	foreignSince time.Time
 }
 
 // Role is one change of this node's role: from At on, it was (Leader) or
@@ -420,6 +433,12 @@ func (e *Elector) Follow(ctx context.Context, plan topology.Plan, applied bool, 
 		e.candidateSince = e.clock().Now()
 	}
 	e.intent = l
+	e.locationNodes, e.reports = nil, plan.Leader
+	for _, s := range plan.Segments {
+		if s.Name == plan.Segment {
+			e.locationNodes = s.Nodes
+		}
+	}
 	g := fmt.Sprint(l.Location, l.Governed, l.Why)
 	logGov := g != e.governance && l.Location != ""
 	e.governance = g
@@ -623,6 +642,20 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	var due time.Time
 	reason := ""
 	e.takesAt = time.Time{}
+	// A holder that is no Ready node of the location (failover.ForeignHolder)
+	// is presumed dead one Lease duration — this agent's, not the one it
+	// wrote — after this agent first saw it so, however it renews: the
+	// grace covers a plan that does not know a new node of the location
+	// yet.
+	foreign := in != nil && in.Governed && in.Lease == name && holderOf(rec) != e.Identity &&
+		failover.ForeignHolder(holderOf(rec), e.locationNodes)
+	reportForeign := ""
+	switch {
+	case !foreign:
+		e.foreign = ""
+	case e.foreign != holderOf(rec):
+		e.foreign, e.foreignSince, reportForeign = holderOf(rec), now, holderOf(rec)
+	}
 	switch {
 	case held && in != nil && in.Release != "":
 		act, reason = release, in.Release
@@ -640,6 +673,8 @@ func (e *Elector) step(ctx context.Context) time.Time {
 		switch {
 		case rec == nil || holderOf(rec) == "":
 			since = e.freeSince
+		case foreign:
+			since = e.foreignSince.Add(e.Duration)
 		default:
 			since = e.changedAt.Add(e.leaseDuration())
 		}
@@ -660,6 +695,8 @@ func (e *Elector) step(ctx context.Context) time.Time {
 			reason = ChangeFirst
 		case holderOf(rec) == "":
 			reason = ChangeReleased
+		case foreign:
+			reason = ChangeForeign
 		default:
 			reason = ChangeExpired
 		}
@@ -668,6 +705,7 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	if in != nil {
 		loc = in.Location
 	}
+	reports := e.reports
 	// The holder is presumed dead once its Lease runs out in this view
 	// (failover's holderAlive): the loop plans again then, once, as no
 	// renewal wakes it (seen).
@@ -683,6 +721,9 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	e.mu.Unlock()
 	if expired {
 		e.notify()
+	}
+	if reportForeign != "" {
+		e.foreignHolder(ctx, loc, name, reportForeign, rec, reports)
 	}
 
 	switch act {
@@ -763,6 +804,21 @@ func (e *Elector) step(ctx context.Context) time.Time {
 	return topology.Earliest(expiry, due)
 }
 
+// foreignHolder reports a holder of the location's Lease that is none of
+// the location's Ready nodes: a log line on every node that sees it, and a
+// Warning Event on the Lease from the location's leader.
+func (e *Elector) foreignHolder(ctx context.Context, loc, name, holder string, l *coordinationv1.Lease, reports bool) {
+	e.log().LogAttrs(ctx, slog.LevelWarn, "the location Lease is held by no node of the location: ignored",
+		slog.String("lease", e.Namespace+"/"+name), slog.String("holder", holder), slog.String("location", loc),
+		slog.String("reason", failover.ReasonForeignLeaseHolder))
+	if e.Recorder == nil || !reports || l == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Lease", APIVersion: "coordination.k8s.io/v1", Namespace: l.Namespace, Name: l.Name, UID: l.UID}
+	e.Recorder.Event(ref, corev1.EventTypeWarning, failover.ReasonForeignLeaseHolder, fmt.Sprintf(
+		"holder %s is not a Ready node of location %s: ignored; its candidates take the Lease over (docs/security.md#admission)", holder, loc))
+}
+
 func (e *Elector) setHeld(v bool) {
 	e.mu.Lock()
 	e.held = v
@@ -788,6 +844,8 @@ func (e *Elector) changed(loc, name, prev, reason string, old *coordinationv1.Le
 		}
 	case ChangeExpired:
 		why = fmt.Sprintf("%s stopped renewing it for %s", prev, e.leaseDurationOf(old))
+	case ChangeForeign:
+		why = fmt.Sprintf("%s held it, which is not a Ready node of the location", prev)
 	}
 	e.log().Info("this node leads its location now", "location", loc, "lease", e.Namespace+"/"+name, "reason", reason, "previous", prev, "why", why)
 	if e.Metrics != nil {

@@ -27,8 +27,9 @@ import (
 )
 
 // TestEachGrantFeedsAFeature removes each rule of the shipped RBAC
-// (manifests/base/rbac.yaml) in turn and runs the agent under what is
-// left: without a rule of kg's ClusterRole it refuses to start, naming the
+// (manifests/base/rbac.yaml, with the kubeconfig Secret a ClusterMesh names
+// granted by name as manifests/components/remote-secrets does: the base
+// grants no Secret) in turn and runs the agent under what is left: without a rule of kg's ClusterRole it refuses to start, naming the
 // grant; without any other it meshes with the feature that rule feeds
 // turned off (meshlet status says which and what it lacks), and — whatever
 // is missing — the API server refuses none of its requests: it asks
@@ -41,6 +42,8 @@ func TestEachGrantFeedsAFeature(t *testing.T) {
 	defer cancel()
 	srv, admin := grantsCluster(t, "cluster-b-kubeconfig")
 	cr, role := shippedRoles(t)
+	role.Rules = append(role.Rules, shippedSecretsRule(t))
+	updateRole(t, admin, nil, role)
 	sa := srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet")
 	sa.UserAgent = "meshlet/test"
 	if err := apiserver.WaitAuthorized(ctx, sa, apiserver.AgentGrants("kilo-system")...); err != nil {
@@ -91,8 +94,11 @@ func TestEachGrantFeedsAFeature(t *testing.T) {
 						t.Errorf("the agent started without the %s grant (err %v), want a refusal naming it", res, out.err)
 					}
 				case res == "secrets":
-					if len(out.status.Remotes) != 1 || !strings.Contains(out.status.Remotes[0].Error, "may not read Secret kilo-system/cluster-b-kubeconfig") {
-						t.Errorf("remote clusters: %+v, want cluster-b's Secret reported unreadable", out.status.Remotes)
+					// What manifests/base alone gives: the remote cluster
+					// off, saying which grant to add.
+					if len(out.status.Remotes) != 1 || !strings.Contains(out.status.Remotes[0].Error,
+						"may not read Secret kilo-system/cluster-b-kubeconfig: grant list and watch on secrets (resourceNames: [cluster-b-kubeconfig]) in kilo-system") {
+						t.Errorf("remote clusters: %+v, want cluster-b's Secret reported unreadable, naming the grant", out.status.Remotes)
 					}
 				default:
 					off := false
@@ -121,9 +127,10 @@ func TestEachGrantFeedsAFeature(t *testing.T) {
 	}
 }
 
-// TestSecretsByName: a Role that names the kubeconfig Secret
-// (resourceNames, as the chart renders it for a shared namespace) is
-// enough: the agent watches that Secret by name and no request is refused.
+// TestSecretsByName: the Secrets rule manifests/components/remote-secrets
+// adds (resourceNames, as the chart renders remoteSecrets and the
+// clusterMesh's names) is enough: the agent watches that Secret by name,
+// never someone else's in the same namespace, and no request is refused.
 func TestSecretsByName(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver")
@@ -131,11 +138,12 @@ func TestSecretsByName(t *testing.T) {
 	ctx := context.Background()
 	srv, admin := grantsCluster(t, "cluster-b-kubeconfig", "someone-elses")
 	_, role := shippedRoles(t)
-	for i, r := range role.Rules {
+	for _, r := range role.Rules {
 		if r.Resources[0] == "secrets" {
-			role.Rules[i].ResourceNames = []string{"cluster-b-kubeconfig"}
+			t.Fatalf("manifests/base/rbac.yaml grants Secrets: %+v", r)
 		}
 	}
+	role.Rules = append(role.Rules, shippedSecretsRule(t))
 	updateRole(t, admin, nil, role)
 	sa := srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet")
 	sa.UserAgent = "meshlet/test"
@@ -306,6 +314,57 @@ func shippedRoles(t *testing.T) (*rbacv1.ClusterRole, *rbacv1.Role) {
 	return cr, role
 }
 
+// shippedSecretsRule is the rule manifests/components/remote-secrets adds to
+// the Role: the kubeconfig Secret cluster-b-kubeconfig, by name.
+func shippedSecretsRule(t *testing.T) rbacv1.PolicyRule {
+	t.Helper()
+	b, err := os.ReadFile(repoFile(t, "manifests/components/remote-secrets/kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var comp struct {
+		Patches []struct {
+			Patch string `json:"patch"`
+		} `json:"patches"`
+	}
+	if err := yaml.Unmarshal(b, &comp); err != nil || len(comp.Patches) != 1 {
+		t.Fatalf("manifests/components/remote-secrets: %v, %d patches", err, len(comp.Patches))
+	}
+	var ops []struct {
+		Op    string            `json:"op"`
+		Path  string            `json:"path"`
+		Value rbacv1.PolicyRule `json:"value"`
+	}
+	if err := yaml.Unmarshal([]byte(comp.Patches[0].Patch), &ops); err != nil || len(ops) != 1 || ops[0].Path != "/rules/-" {
+		t.Fatalf("manifests/components/remote-secrets: patch %v, %+v", err, ops)
+	}
+	r := ops[0].Value
+	if len(r.Resources) != 1 || r.Resources[0] != "secrets" || len(r.ResourceNames) == 0 {
+		t.Fatalf("manifests/components/remote-secrets adds %+v, want Secrets by name", r)
+	}
+	return r
+}
+
+// grantSecrets grants meshlet's agent on srv the kubeconfig Secrets of
+// kilo-system called names, as manifests/components/remote-secrets does
+// (manifests/base grants none), and waits until the RBAC authorizer sees it.
+func grantSecrets(t *testing.T, srv *apiserver.Server, names ...string) {
+	t.Helper()
+	ctx := context.Background()
+	_, role := shippedRoles(t)
+	r := shippedSecretsRule(t)
+	r.ResourceNames = names
+	role.Rules = append(role.Rules, r)
+	updateRole(t, kubernetes.NewForConfigOrDie(srv.AdminConfig()), nil, role)
+	var checks []authorizationv1.ResourceAttributes
+	for _, n := range names {
+		checks = append(checks, authorizationv1.ResourceAttributes{Verb: "watch", Resource: "secrets", Namespace: "kilo-system", Name: n})
+	}
+	if err := apiserver.WaitAuthorized(ctx, srv.ServiceAccountConfig(ctx, "kilo-system", "meshlet"), checks...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func updateRole(t *testing.T, cs kubernetes.Interface, cr *rbacv1.ClusterRole, role *rbacv1.Role) {
 	t.Helper()
 	ctx := context.Background()
@@ -329,7 +388,7 @@ func updateRole(t *testing.T, cs kubernetes.Interface, cr *rbacv1.ClusterRole, r
 }
 
 // access is the SelfSubjectAccessReview of a rule's first verb and
-// resource, as cfg's user.
+// resource (and first name, for a rule that lists names), as cfg's user.
 func access(t *testing.T, ctx context.Context, cfg *rest.Config, r rbacv1.PolicyRule) bool {
 	t.Helper()
 	res, sub, _ := strings.Cut(r.Resources[0], "/")
@@ -340,9 +399,13 @@ func access(t *testing.T, ctx context.Context, cfg *rest.Config, r rbacv1.Policy
 	case "events":
 		ns = "default"
 	}
+	name := ""
+	if len(r.ResourceNames) > 0 {
+		name = r.ResourceNames[0]
+	}
 	rev, err := kubernetes.NewForConfigOrDie(cfg).AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: res, Subresource: sub, Namespace: ns}}}, metav1.CreateOptions{})
+			Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: res, Subresource: sub, Namespace: ns, Name: name}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +483,7 @@ func TestKgRBACMeshesAndTheAddOnTurnsFeaturesOn(t *testing.T) {
 		}
 	}
 	t.Logf("RESULT kg's RBAC: meshes (ready), features off: %v", out.status.FeaturesOff)
-	if _, err := apiserver.ApplyFile(ctx, srv.AdminConfig(), repoFile(t, "manifests/dropin/grants.yaml"), apiserver.ApplyOptions{Namespace: "kube-system"}); err != nil {
+	if _, err := apiserver.ApplyFile(ctx, srv.AdminConfig(), repoFile(t, "manifests/dropin/grants/grants.yaml"), apiserver.ApplyOptions{Namespace: "kube-system"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := apiserver.WaitAuthorized(ctx, sa, authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "kube-system"},

@@ -210,6 +210,8 @@ func TestHostileInputAgainstRealAPIServers(t *testing.T) {
 	hostile := apiserver.Start(t, apiserver.Options{})
 	applyFiles(t, local.AdminConfig(), "manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
 		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/base/rbac.yaml")
+	// The Secrets its ClusterMeshes name, by name (the base grants none).
+	grantSecrets(t, local, "good-kubeconfig", "hostile-kubeconfig")
 	for _, r := range []*apiserver.Server{good, hostile} {
 		applyFiles(t, r.AdminConfig(), "manifests/remote/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/remote/rbac.yaml")
 	}

@@ -216,6 +216,8 @@ func TestAgentAgainstRealAPIServers(t *testing.T) {
 	remote := apiserver.Start(t, apiserver.Options{})
 	applyFiles(t, local.AdminConfig(), "manifests/namespace/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml",
 		"manifests/crds/clustermeshes.kilo.squat.ai.yaml", "manifests/base/rbac.yaml")
+	// The Secrets its ClusterMeshes name, by name (the base grants none).
+	grantSecrets(t, local, "cluster-b-kubeconfig", "cluster-c-kubeconfig")
 	applyFiles(t, remote.AdminConfig(), "manifests/remote/namespace.yaml", "manifests/crds/peers.kilo.squat.ai.yaml", "manifests/remote/rbac.yaml")
 	ladmin := kubernetes.NewForConfigOrDie(local.AdminConfig())
 	radmin := kubernetes.NewForConfigOrDie(remote.AdminConfig())

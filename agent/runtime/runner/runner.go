@@ -584,10 +584,13 @@ func (a *Agent) ServeStatus(ctx context.Context, path string) error {
 var ErrStatusSocketTaken = errors.New("status socket path taken")
 
 // ListenUnix listens on a unix socket at path, readable by its owner only:
-// a missing directory is created 0700, a stale socket (nobody answers on
-// it) replaced.
+// a missing directory is created 0700, the socket's own directory made
+// 0700 (ownSocketDir), a stale socket (nobody answers on it) replaced.
 func ListenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("status socket directory: %w", err)
+	}
+	if err := ownSocketDir(filepath.Dir(path), filepath.Base(path)); err != nil {
 		return nil, fmt.Errorf("status socket directory: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -613,6 +616,36 @@ func ListenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("status socket mode: %w", err)
 	}
 	return ln, nil
+}
+
+// ownSocketDir makes dir, the directory of the socket called sock, 0700
+// when it is the socket's own: a directory (not a symlink) of this
+// process's user that holds nothing but the socket. The chart and the
+// manifests mount an emptyDir at /run/meshlet, which kubelet creates 0777
+// (docs/security.md#status says 0700). A directory shared with anything
+// else (/run, /tmp, a --status-socket elsewhere) is left as it is: the
+// socket's own mode, 0600, still keeps other users out, for connecting to
+// a unix socket needs write permission on it.
+func ownSocketDir(dir, sock string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || fi.Mode().Perm() == 0o700 && fi.Mode()&(os.ModeSticky|os.ModeSetgid|os.ModeSetuid) == 0 ||
+		!ok || int(st.Uid) != os.Geteuid() {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Name() != sock {
+			return nil
+		}
+	}
+	return os.Chmod(dir, 0o700)
 }
 
 func (a *Agent) serve(ctx context.Context, ln net.Listener, h http.Handler, what string) {
