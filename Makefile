@@ -6,6 +6,20 @@
 # network namespaces). Root is needed for the integration tests.
 
 GO            ?= go
+# What must be there (README.md, "Two commands"): Go of go.mod's version,
+# and for the targets that run hack/install-deps.sh root on Debian. Checked
+# before anything else runs (a build, ensure.sh's Kubernetes build): one
+# line and exit status 2 when something is missing (hack/prereqs.sh).
+ROOT_TARGETS  := test bench-scale e2e e2e-node demo image release release-check
+ifeq ($(MAKELEVEL),0)
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+PREREQS_ROOT  := $(firstword $(filter $(ROOT_TARGETS),$(MAKECMDGOALS)))
+PREREQS_ERROR := $(shell GO='$(GO)' hack/prereqs.sh $(if $(PREREQS_ROOT),--root $(PREREQS_ROOT)) 2>&1 >/dev/null)
+ifneq ($(PREREQS_ERROR),)
+$(error $(PREREQS_ERROR))
+endif
+endif
+endif
 PKGS          ?= ./...
 # make test: everything but the end-to-end suites (make e2e, make e2e-node),
 # the kernel lane's guest program (make e2e-kernel) and the scale lane

@@ -150,7 +150,7 @@ func TestDesiredChains(t *testing.T) {
 	want4 := []chainSpec{
 		{table: "nat", chain: ChainNAT, parent: "POSTROUTING",
 			rules: []string{"-d 10.0.0.0/8 -j RETURN", "-d 10.4.0.0/16 -j RETURN", "-j MASQUERADE"},
-			jumps: []string{"-s 10.2.0.0/24 -j MESHLET-NAT", "-d 192.168.100.0/24 -j MESHLET-NAT"}},
+			jumps: []string{"-s 10.2.0.0/24 -j MESHLET-NAT", "! -s 192.168.100.0/24 -d 192.168.100.0/24 -j MESHLET-NAT"}},
 		{table: "filter", chain: ChainForward, parent: "FORWARD", first: true,
 			rules: []string{"-s 10.2.0.0/24 -j ACCEPT", "-d 10.2.0.0/24 -j ACCEPT"},
 			jumps: []string{"-j MESHLET-FORWARD"}},

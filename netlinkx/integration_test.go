@@ -184,7 +184,7 @@ func TestHostApplyAndCleanup(t *testing.T) {
 	for _, want := range []string{
 		"-A POSTROUTING -s 172.17.0.0/16 -j MASQUERADE",
 		"-A POSTROUTING -s 10.2.0.0/24 -j MESHLET-NAT",
-		"-A POSTROUTING -d 192.168.100.0/24 -j MESHLET-NAT",
+		"-A POSTROUTING ! -s 192.168.100.0/24 -d 192.168.100.0/24 -j MESHLET-NAT",
 		"-A MESHLET-NAT -d 10.0.0.0/8 -j RETURN\n-A MESHLET-NAT -j MASQUERADE",
 	} {
 		if !strings.Contains(nat4, want) {

@@ -73,10 +73,13 @@ func desiredChains(fw Firewall, f family) []chainSpec {
 	}
 	// Traffic to this location's allowed-location-ips (hosts that know no
 	// mesh routes, e.g. an on-prem LAN) is masqueraded too, so their
-	// replies come back (Kilo does the same).
+	// replies come back — unless it comes from that network itself, which
+	// needs no new source to be answered (as Cozystack's kg does; Kilo 0.7
+	// masquerades it too: docs/kilo-compatibility.md#alip-nat). Written in
+	// the order iptables -S prints it, which the chain's diff compares.
 	for _, d := range fw.NAT.Destinations {
 		if f.has(d) {
-			nat.jumps = append(nat.jumps, "-d "+d.Masked().String()+" -j "+ChainNAT)
+			nat.jumps = append(nat.jumps, "! -s "+d.Masked().String()+" -d "+d.Masked().String()+" -j "+ChainNAT)
 		}
 	}
 	if len(nat.jumps) > 0 {
@@ -134,16 +137,41 @@ func planChain(current, desired []string) []chainOp {
 }
 
 // parseChainList strips "-N"/"-P" lines and the "-A CHAIN " prefix from
-// iptables -S output.
+// iptables -S output. A rule with neither match nor target is the bare
+// line "-A CHAIN": it counts, or the positions of the rules after it
+// would be off by one. A quoted argument (a comment) may hold a newline,
+// which iptables prints as is: the next line continues the rule, and is
+// not a rule of its own whatever it reads.
 func parseChainList(lines []string, chain string) []string {
 	var out []string
-	prefix := "-A " + chain + " "
-	for _, l := range lines {
-		if strings.HasPrefix(l, prefix) {
-			out = append(out, strings.TrimSpace(strings.TrimPrefix(l, prefix)))
+	prefix := "-A " + chain
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		for open := endsInQuote(l, false); open && i+1 < len(lines); open = endsInQuote(lines[i], open) {
+			i++
+			l += "\n" + lines[i]
+		}
+		if l == prefix {
+			out = append(out, "")
+		} else if rule, ok := strings.CutPrefix(l, prefix+" "); ok {
+			out = append(out, strings.TrimSpace(rule))
 		}
 	}
 	return out
+}
+
+// endsInQuote reports whether s, read from inside a quoted argument or
+// not, ends inside one (splitRule's quoting).
+func endsInQuote(s string, inQuote bool) bool {
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '\\' && inQuote && i+1 < len(s):
+			i++
+		case s[i] == '"':
+			inQuote = !inQuote
+		}
+	}
+	return inQuote
 }
 
 // FirewallReport says what EnsureFirewall changed.

@@ -25,7 +25,7 @@ func newCleanupCmd() *cobra.Command {
 	var keepIface bool
 	c := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove meshlet's interface, routes, rules, iptables chains and annotations (uninstall, or the way back to kg)",
+		Short: "Remove meshlet's interface, routes, rules, chains and annotations (uninstall; the way back to kg)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := runCleanup(c.Context(), c.OutOrStdout(), iface, keepIface, iptBackend); err != nil {

@@ -30,21 +30,21 @@ import (
 // credentials) and its agents' status, each finding with what to do.
 func newDiagnoseCmd() *cobra.Command {
 	var src meshSource
-	var output string
+	var output *outputFlag
 	var agents bool
 	statusFiles := nodeFiles{remoteFiles{}}
 	cfg := config.Config{Local: true}
 	c := &cobra.Command{
 		Use:   "diagnose",
-		Short: "Check a cluster's mesh: leaders, readiness, kg vs meshlet nodes, remote clusters, clocks, peers, rejections",
+		Short: "Check a cluster's mesh: leaders, kg vs meshlet nodes, remote clusters, clocks, peers, rejections",
 		Long: "Check a cluster's mesh and say what to do about each problem.\n\n" +
 			"It reads the cluster's Nodes, Peers and ClusterMeshes, the remote clusters through the ClusterMesh Secrets\n" +
 			"(the agents' read-only credentials), and each meshlet agent's status (meshlet status run in its pod: pods/exec).\n" +
 			"The topology flags are read from meshlet's DaemonSet unless given. Exit status 1 when an error is found.",
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return usage(fmt.Errorf("--output %q: want text or json", output))
+			if err := output.check(); err != nil {
+				return err
 			}
 			flagsFrom := "flags"
 			if src.local.file == "" && !topologyFlagsSet(c.Flags()) {
@@ -71,7 +71,7 @@ func newDiagnoseCmd() *cobra.Command {
 				in.PeerAdmission = askPeerAdmission(c.Context(), c.ErrOrStderr(), src)
 			}
 			fs := diagnose.Check(in)
-			if output == "json" {
+			if output.value == "json" {
 				enc := json.NewEncoder(c.OutOrStdout())
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(fs); err != nil {
@@ -89,9 +89,9 @@ func newDiagnoseCmd() *cobra.Command {
 	src.register(c.Flags(), &cfg.Local)
 	cfg.RegisterTopology(c.Flags())
 	registerLeaderElection(c.Flags(), &cfg)
-	c.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	output = registerOutput(c.Flags(), "text", "json")
 	c.Flags().BoolVar(&agents, "agents", true, "read each meshlet agent's status by running meshlet status in its pod (needs create on pods/exec)")
-	c.Flags().Var(statusFiles, "status-file", "read a node's agent status from a file (`meshlet status -o json` saved on the node), NODE=FILE (repeatable); the agents are then not asked")
+	c.Flags().Var(statusFiles, "status-file", "read a node's agent status from a file, what meshlet status -o json printed on the node (repeatable); the agents are then not asked")
 	return c
 }
 

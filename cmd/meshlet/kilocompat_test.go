@@ -37,8 +37,14 @@ type compatCase struct {
 	Node  string          `json:"node"`
 	Flags []string        `json:"flags"`
 	Input json.RawMessage `json:"input"`
-	// Kilo is Kilo 0.7's output for Node.
+	// Kg names the kg the case was recorded with when it is not Kilo 0.7
+	// (the X cases: Cozystack's kg, Kilo with Cozystack's cross patch).
+	Kg string `json:"kg,omitempty"`
+	// Kilo is that kg's output for Node (Kilo 0.7's unless Kg says).
 	Kilo compatPlan `json:"kilo"`
+	// KiloPanic is how that kg crashed on the input instead (Kilo is then
+	// empty): meshlet must plan it, as a deviation.
+	KiloPanic string `json:"kiloPanic,omitempty"`
 	// Deviation names the section of docs/kilo-compatibility.md that
 	// explains why meshlet computes Meshlet instead; empty means meshlet
 	// must compute exactly Kilo.
@@ -130,7 +136,8 @@ const kiloNAT = "KILO-NAT"
 // natRules renders a plan's NAT as netlinkx's actuator installs it
 // (netlinkx/iptables.go, desiredChains), in Kilo's rule strings with
 // meshlet's chain named as Kilo's: POSTROUTING jumps for traffic from
-// NAT.Sources and to NAT.Destinations; in the chain, RETURN for each of
+// NAT.Sources and to NAT.Destinations (not from them: Cozystack's kg's
+// rule, docs/kilo-compatibility.md#alip-nat); in the chain, RETURN for each of
 // NAT.Exceptions, then MASQUERADE; per family, and the chain only where
 // something jumps to it. Plan.Forward (Kilo's --cni=true
 // --iptables-forward-rules) is netlinkx's MESHLET-FORWARD chain, jumped to
@@ -158,7 +165,7 @@ func natRules(nat topology.NAT, forward ...netip.Prefix) []string {
 		}
 		for _, d := range nat.Destinations {
 			if in(d) {
-				jumps = append(jumps, f.name+" nat POSTROUTING -d "+d.Masked().String()+" -j "+netlinkx.ChainNAT)
+				jumps = append(jumps, f.name+" nat POSTROUTING -d "+d.Masked().String()+" ! -s "+d.Masked().String()+" -j "+netlinkx.ChainNAT)
 			}
 		}
 		if len(jumps) == 0 {
@@ -458,7 +465,7 @@ func TestIPTablesCanonicalForm(t *testing.T) {
 	kilo := canonicalIPTables([]string{
 		"v4 nat KILO-NAT -d 10.4.0.1/32 -j RETURN",
 		"v4 nat KILO-NAT -j MASQUERADE",
-		"v4 nat POSTROUTING -d 192.168.1.0/24 -j KILO-NAT",
+		"v4 nat POSTROUTING -d 192.168.1.0/24 ! -s 192.168.1.0/24 -j KILO-NAT", // Cozystack's kg's
 		"v4 nat POSTROUTING -s 10.5.0.1/32 -j KILO-NAT",
 		// Nothing jumps to the IPv6 chain: it has no effect.
 		"v6 nat KILO-NAT -d fd00::1/64 -j RETURN",

@@ -19,9 +19,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // usageError is a wrong command line (exit status 2); any other error is a
@@ -38,6 +41,10 @@ func usage(err error) error {
 	}
 	return usageError{err}
 }
+
+// helpWidth is the widest line --help prints: the flags' usages are
+// wrapped to it, the rest is written to fit (TestHelpText).
+const helpWidth = 120
 
 // newRoot is meshlet's command tree; out and errOut are where commands
 // print (tests pass buffers).
@@ -60,6 +67,13 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usage(fmt.Errorf("%w (see '%s --help')", err, c.CommandPath()))
 	})
+	// kg's flags explain themselves at length: their usages are wrapped
+	// to helpWidth (cobra's template, FlagUsagesWrapped for FlagUsages),
+	// under the usage column.
+	root.SetUsageTemplate(strings.ReplaceAll(root.UsageTemplate(), ".FlagUsages ", fmt.Sprintf(".FlagUsagesWrapped %d ", helpWidth)))
+	// meshlet --version only: a command line that starts with a flag is
+	// kg's (execute), and kg has no -v.
+	root.Flags().Bool("version", false, "print the version")
 	root.AddCommand(newRunCmd(), newKgCmd(), newStatusCmd(), newDiagnoseCmd(), newGraphCmd(), newPlanCmd(), newCleanupCmd(),
 		newVersionCmd(), newWebhookCmd(), newUserspaceDeviceCmd())
 	return root
@@ -68,19 +82,25 @@ func newRoot(out, errOut io.Writer) *cobra.Command {
 // execute runs the command line args and returns the exit status; the one
 // error line goes to errOut.
 func execute(ctx context.Context, args []string, out, errOut io.Writer) int {
-	if kgMode(args) {
-		// Kilo's DaemonSet passes kg's flags to the image's entrypoint,
-		// without a command.
-		args = append([]string{"kg"}, args...)
-	}
 	root := newRoot(out, errOut)
+	implicitKg := kgMode(args)
+	if implicitKg {
+		// Kilo's DaemonSet passes kg's flags to the image's entrypoint,
+		// without a command. The user typed no "kg": the error line
+		// names what they typed, and a wrong flag says whose flags these
+		// are.
+		args = append([]string{"kg"}, args...)
+		root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+			return usage(fmt.Errorf("%w (flags without a command are kg's: see 'meshlet kg --help')", err))
+		})
+	}
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
 	}
 	name := "meshlet"
-	if cmd != nil {
+	if cmd != nil && !(implicitKg && cmd.Parent() == root) {
 		name = cmd.CommandPath()
 	}
 	fmt.Fprintf(errOut, "%s: %v\n", name, err)
@@ -89,6 +109,34 @@ func execute(ctx context.Context, args []string, out, errOut io.Writer) int {
 		return 2
 	}
 	return 1
+}
+
+// outputFlag is every command's -o/--output: the first format is the
+// default; check rejects any other value with one wording.
+type outputFlag struct {
+	value   string
+	formats []string
+}
+
+func registerOutput(fs *pflag.FlagSet, formats ...string) *outputFlag {
+	o := &outputFlag{formats: formats}
+	fs.StringVarP(&o.value, "output", "o", formats[0], "output format: "+oneOf(formats))
+	return o
+}
+
+func (o *outputFlag) check() error {
+	if slices.Contains(o.formats, o.value) {
+		return nil
+	}
+	return usage(fmt.Errorf("--output: %q must be %s", o.value, oneOf(o.formats)))
+}
+
+// oneOf is "a, b or c".
+func oneOf(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
 
 func main() {

@@ -35,6 +35,10 @@ func TestCommandLine(t *testing.T) {
 		{"--version", []string{"--version"}, 0, "dev\n", ""},
 		{"version -o json", []string{"version", "-o", "json"}, 0, `"version": "dev"`, ""},
 		{"version -o bad", []string{"version", "-o", "yaml"}, 2, "", "meshlet version: --output: \"yaml\" must be text or json\n"},
+		// One wording for every command's --output.
+		{"status -o bad", []string{"status", "-o", "yaml"}, 2, "", "meshlet status: --output: \"yaml\" must be text or json\n"},
+		{"diagnose -o bad", []string{"diagnose", "-o", "yaml"}, 2, "", "meshlet diagnose: --output: \"yaml\" must be text or json\n"},
+		{"plan -o bad", []string{"plan", "--node", "a", "--local", "x", "-o", "dot"}, 2, "", "meshlet plan: --output: \"dot\" must be text, json or yaml\n"},
 		{"unknown flag", []string{"run", "--bogus"}, 2, "", "meshlet run: unknown flag: --bogus (see 'meshlet run --help')\n"},
 		{"single-dash long flag", []string{"run", "-interface=kilo0"}, 2, "", "meshlet run: unknown shorthand flag: 'i' in -interface=kilo0 (see 'meshlet run --help')\n"},
 		{"unknown command", []string{"bogus"}, 2, "", "meshlet: unknown command \"bogus\" for \"meshlet\"\n"},
@@ -48,8 +52,12 @@ func TestCommandLine(t *testing.T) {
 		{"kg help", []string{"kg", "--help"}, 0, "NAT for the pod subnet) (default true)", ""},
 		{"kg's version flag", []string{"--version"}, 0, "dev", ""},
 		{"kg's version command", []string{"kg", "version"}, 0, "meshlet dev", ""},
-		{"kg flags without a command", []string{"--backend=etcd", "--hostname=n"}, 2, "", "meshlet kg: invalid flags: --backend: \"etcd\": meshlet has only kg's kubernetes backend\n"},
-		{"kg's log levels", []string{"--log-level=verbose"}, 2, "", "meshlet kg: invalid flags: --log-level: \"verbose\" must be all, debug, info, warn, error or none\n"},
+		// The error line names what the user typed ("meshlet", not
+		// "meshlet kg"), and a wrong flag says whose flags these are.
+		{"kg flags without a command", []string{"--backend=etcd", "--hostname=n"}, 2, "", "meshlet: invalid flags: --backend: \"etcd\": meshlet has only kg's kubernetes backend\n"},
+		{"kg's log levels", []string{"--log-level=verbose"}, 2, "", "meshlet: invalid flags: --log-level: \"verbose\" must be all, debug, info, warn, error or none\n"},
+		{"unknown flag without a command", []string{"--bogus"}, 2, "", "meshlet: unknown flag: --bogus (flags without a command are kg's: see 'meshlet kg --help')\n"},
+		{"unknown flag of kg", []string{"kg", "--bogus"}, 2, "", "meshlet kg: unknown flag: --bogus (see 'meshlet kg --help')\n"},
 		{"kg's flag on meshlet run", []string{"run", "--clean-up-interface", "--hostname=n"}, 2, "", "meshlet run: invalid flags: --clean-up-interface: needs --clean-up (as kg: the interface goes with the rest)\n"},
 		{"a missing kubeconfig fails before the host is touched", []string{"--kubeconfig=/nonexistent", "--hostname=n"}, 1, "", ""},
 		{"webhook needs its certificate", []string{"webhook"}, 2, "", "meshlet webhook: --cert-file and --key-file are required (the webhook serves HTTPS)\n"},

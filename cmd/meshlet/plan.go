@@ -55,8 +55,17 @@ func (l *localOrFile) Set(v string) error {
 
 type remoteFiles map[string]string
 
-func (r remoteFiles) String() string { return fmt.Sprint(map[string]string(r)) }
-func (r remoteFiles) Type() string   { return "CLUSTER=FILE" }
+// String is the flag's default in --help: nothing when empty (not
+// "map[]").
+func (r remoteFiles) String() string {
+	pairs := make([]string, 0, len(r))
+	for name, file := range r {
+		pairs = append(pairs, name+"="+file)
+	}
+	sort.Strings(pairs)
+	return strings.Join(pairs, ",")
+}
+func (r remoteFiles) Type() string { return "CLUSTER=FILE" }
 func (r remoteFiles) Set(v string) error {
 	name, file, ok := strings.Cut(v, "=")
 	if !ok || name == "" || file == "" {
@@ -69,10 +78,11 @@ func (r remoteFiles) Set(v string) error {
 // planFlags are `meshlet plan`'s own flags (the topology flags are the
 // agent's).
 type planFlags struct {
-	cfg                                      config.Config
-	local                                    localOrFile
-	node, output, iface, cilium, tunnel, now string
-	remotes                                  remoteFiles
+	cfg                              config.Config
+	local                            localOrFile
+	output                           *outputFlag
+	node, iface, cilium, tunnel, now string
+	remotes                          remoteFiles
 }
 
 // newPlanCmd is `meshlet plan`: the planner on files, what would meshlet do
@@ -91,9 +101,9 @@ func newPlanCmd() *cobra.Command {
 	fs := c.Flags()
 	fs.SortFlags = false
 	fs.StringVar(&f.node, "node", "", "the node to plan for (required)")
-	fs.Var(&f.local, "local", "the local cluster's dump: output of `kubectl get nodes,peers.kilo.squat.ai,clustermeshes -A -o yaml` (required; - = stdin); --local=true|false sets kg's --local (routes inside a location) as for the agent")
+	fs.Var(&f.local, "local", "the local cluster's dump, a file of what kubectl get nodes,peers.kilo.squat.ai,clustermeshes -A -o yaml prints (required; - = stdin); --local=true|false sets kg's --local (routes inside a location) as for the agent")
 	fs.Var(f.remotes, "remote", "a remote cluster's dump, CLUSTER=FILE (repeatable)")
-	fs.StringVarP(&f.output, "output", "o", "text", "output: json, yaml or text")
+	f.output = registerOutput(fs, "text", "json", "yaml")
 	f.cfg.RegisterTopology(fs)
 	f.cfg.CNIPath = config.DefaultCNIPath // not read: the plan takes the pod CIDR as the conflist's range (printed as assumed)
 	fs.StringVar(&f.iface, "private-interface", "eth0", "this node's underlay interface (it holds the default route)")
@@ -111,15 +121,13 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 	case f.local.file == "":
 		return usage(errors.New("--local is required"))
 	}
-	switch f.output {
-	case "json", "yaml", "text":
-	default:
-		return usage(fmt.Errorf("--output: %q must be json, yaml or text", f.output))
+	if err := f.output.check(); err != nil {
+		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		return usage(fmt.Errorf("invalid flags: %w", err))
 	}
-	localFile, remotes, nodeName, output := &f.local.file, f.remotes, &f.node, &f.output
+	localFile, remotes, nodeName, output := &f.local.file, f.remotes, &f.node, &f.output.value
 	local, err := readObjectsFile(*localFile)
 	if err != nil {
 		return err

@@ -15,18 +15,19 @@ import (
 // read from its /status endpoint — the agent's own plan, device and health,
 // not a second computation.
 func newStatusCmd() *cobra.Command {
-	var socket, output, node, kubeconfig, namespace string
+	var socket, node, kubeconfig, namespace string
+	var output *outputFlag
 	c := &cobra.Command{
 		Use:   "status",
-		Short: "Show what the running agent on a node does: role, device, peers and their health, routes, drift, remote clusters",
+		Short: "Show what the agent on a node does: role, device, peer health, routes, drift, remote clusters",
 		Long: "Show what the running agent on a node does.\n\n" +
 			"Inside the agent's pod (kubectl exec -n kilo-system ds/meshlet -- meshlet status), or as root on the node, it reads\n" +
 			"the agent's local socket (--socket); with --node it runs this command in that node's meshlet pod through the API\n" +
 			"server (needs create on pods/exec). The agent never serves its status on the network.",
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			if output != "text" && output != "json" {
-				return usage(fmt.Errorf("--output %q: want text or json", output))
+			if err := output.check(); err != nil {
+				return err
 			}
 			var s status.Status
 			var err error
@@ -38,7 +39,7 @@ func newStatusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if output == "json" {
+			if output.value == "json" {
 				enc := json.NewEncoder(c.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(s)
@@ -48,7 +49,7 @@ func newStatusCmd() *cobra.Command {
 	}
 	fs := c.Flags()
 	fs.StringVar(&socket, "socket", config.DefaultStatusSocket, "the agent's status socket on this node (its --status-socket)")
-	fs.StringVarP(&output, "output", "o", "text", "text or json")
+	output = registerOutput(fs, "text", "json")
 	fs.StringVar(&node, "node", "", "read this node's agent through the API server (pods/exec) instead of --socket")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "with --node: kubeconfig (default: $KUBECONFIG, else in-cluster)")
 	fs.StringVar(&namespace, "namespace", "kilo-system", "with --node: namespace of meshlet's pods")

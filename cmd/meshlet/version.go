@@ -63,7 +63,7 @@ func (b buildInfo) print(w io.Writer) {
 }
 
 func newVersionCmd() *cobra.Command {
-	var output string
+	var output *outputFlag
 	var short bool
 	c := &cobra.Command{
 		Use:   "version",
@@ -72,23 +72,24 @@ func newVersionCmd() *cobra.Command {
 			"commit's time). --short prints the version alone, as kg's `version` does; `meshlet --version` prints one line.",
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			b := currentBuild()
 			switch {
 			case short:
 				fmt.Fprintln(c.OutOrStdout(), b.Version)
-			case output == "json":
+			case output.value == "json":
 				enc := json.NewEncoder(c.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(b)
-			case output == "" || output == "text":
-				b.print(c.OutOrStdout())
 			default:
-				return usage(fmt.Errorf("--output: %q must be text or json", output))
+				b.print(c.OutOrStdout())
 			}
 			return nil
 		},
 	}
-	c.Flags().StringVarP(&output, "output", "o", "", "text or json")
+	output = registerOutput(c.Flags(), "text", "json")
 	c.Flags().BoolVar(&short, "short", false, "print the version alone")
 	return c
 }

@@ -18,9 +18,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// kgShape is one of the DaemonSets kg runs in, written as Kilo's manifests
-// and Cozystack's cozy-kilo chart write it
-// (../shared/kilo-compat/manifest-shapes.md), with meshlet's image.
+// kgShape is one of the DaemonSets kg runs in, written as Kilo 0.7's
+// manifests (manifests/kilo-*.yaml in github.com/squat/kilo) and
+// Cozystack's cozy-kilo chart (packages/system/kilo) write it, with
+// meshlet's image. Their facts, as those projects ship them: kg's image has
+// kg as its entrypoint and no manifest sets the kilo container's command
+// (kg's flags alone); every shape runs hostNetwork and privileged, with
+// NODE_NAME from spec.nodeName (NODE_IP from status.hostIP where
+// --internal-cidr uses it), port 1107 named metrics, and ServiceAccount kilo
+// bound to Kilo's ClusterRole (nodes list/patch/watch, peers list/watch,
+// customresourcedefinitions get); each shape's args, kubeconfig and init
+// containers are in its fields below and in e2e/node/README.md.
 type kgShape struct {
 	name      string
 	namespace string

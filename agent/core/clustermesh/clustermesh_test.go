@@ -346,8 +346,10 @@ func TestResolveAcrossMeshes(t *testing.T) {
 	}
 }
 
-// operatorMesh is the later kilo-clustermesh-operator's form (its
-// docs/configuration.md "Full" example, with cluster-b's kubeconfig).
+// operatorMesh is the later kilo-clustermesh-operator's form: the "Full"
+// example of that project's own documentation (docs/configuration.md in
+// github.com/cozystack/kilo-clustermesh-operator, not a file of this
+// repository), with cluster-b's kubeconfig.
 const operatorMesh = `
 apiVersion: kilo.squat.ai/v1alpha1
 kind: ClusterMesh

@@ -51,7 +51,7 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 	rejections = append(rejections, rejs...)
 	peers, rejs := topology.ValidatePeers(snap.Peers, local, self.Name, self.PublicKey, claims)
 	rejections = append(rejections, rejs...)
-	rejections = append(rejections, topology.ClaimAllowedLocationIPs(local, claims)...)
+	rejections = append(rejections, topology.ClaimAllowedLocationIPs(local, claims, set)...)
 	var targets []topology.ProbeTarget
 	if seg := local.SelfSegment; seg != nil {
 		pl.Leader = seg.LeaderNode().Name == self.Name

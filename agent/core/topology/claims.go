@@ -278,9 +278,11 @@ func overlapMessage(p netip.Prefix, h *heldClaim) string {
 }
 
 // locationGroup is the location a segment's addresses belong to for the
-// rule's exception: its location, else (no location) the segment itself.
-func locationGroup(s *Segment) string {
-	if s.Location != "" {
+// rule's exception: its location, else (no location) the segment itself —
+// but in cross granularity the nodes without a location share the empty
+// one (Cozystack's kg, where cross comes from).
+func locationGroup(s *Segment, set Settings) string {
+	if s.Location != "" || set.Granularity == GranularityCross {
 		return locationPrefix + s.Location
 	}
 	return s.Key
@@ -300,7 +302,7 @@ func ClaimNodeAddresses(l Local, nodes []Node, set Settings) (*Claims, []Rejecti
 	var rejs []Rejection
 	groups := make(map[*Segment]string, len(l.Segments))
 	for _, s := range l.Segments {
-		groups[s] = locationGroup(s)
+		groups[s] = locationGroup(s, set)
 		if s.WireGuardIP.IsValid() {
 			cs.hold(host(s.WireGuardIP), claimant{kind: claimWireGuardIP, owner: "segment " + s.Key, group: groups[s]})
 		}
@@ -447,8 +449,11 @@ func (o addressOwners) otherOwner(a netip.Addr, name string) string {
 // ClaimAllowedLocationIPs is the rule's last tier: each segment's
 // allowed-location-ips, after Kilo's own filter (allowedLocationIPConflict),
 // are admitted against everything held; what is kept becomes the segment's
-// AllowedLocationIPs.
-func ClaimAllowedLocationIPs(l Local, cs *Claims) []Rejection {
+// AllowedLocationIPs. In cross granularity every node is a segment of its
+// own, and an entry the nodes of one location share (a location's LAN on
+// each of its nodes, as Cozystack's guide has it) is carried by the last
+// of them, as Cozystack's kg does (case X4-cross-alip-shared-by-location).
+func ClaimAllowedLocationIPs(l Local, cs *Claims, set Settings) []Rejection {
 	segs := l.Segments
 	raw := make([][]netip.Prefix, len(segs))
 	for i, s := range segs {
@@ -463,17 +468,29 @@ func ClaimAllowedLocationIPs(l Local, cs *Claims) []Rejection {
 		}
 		sortPrefixes(raw[i])
 	}
+	if set.Granularity == GranularityCross {
+		last := map[string]int{} // location and entry → its last segment
+		for i, s := range segs {
+			for _, a := range raw[i] {
+				last[locationGroup(s, set)+" "+a.String()] = i
+			}
+		}
+		for i, s := range segs {
+			raw[i] = slices.DeleteFunc(raw[i], func(a netip.Prefix) bool { return last[locationGroup(s, set)+" "+a.String()] != i })
+		}
+	}
 	var rejs []Rejection
 	for i, s := range segs {
 		s.AllowedLocationIPs = nil
-		c := claimant{kind: claimLocationIP, owner: "location " + strings.TrimPrefix(locationGroup(s), locationPrefix), group: locationGroup(s)}
+		group := locationGroup(s, set)
+		c := claimant{kind: claimLocationIP, owner: "location " + strings.TrimPrefix(group, locationPrefix), group: group}
 		// Broadest first: a location's own prefixes inside one it already
 		// holds are found at once, not by walking what is inside it.
 		order := slices.Clone(raw[i])
 		slices.SortStableFunc(order, func(a, b netip.Prefix) int { return a.Bits() - b.Bits() })
 		refused := map[netip.Prefix]Rejection{}
 		for _, ip := range order {
-			if why := allowedLocationIPConflict(segs, i, ip, raw); why != "" {
+			if why := allowedLocationIPConflict(segs, i, ip, raw, set); why != "" {
 				refused[ip] = rejectALIP(s, ip, ReasonNetworksOverlap, ip.String()+" "+why)
 				continue
 			}

@@ -76,12 +76,14 @@ func (b *deviceBuilder) probe(wp WireGuardPeer, addr netip.Addr) {
 }
 
 // SameLocation: segment s is reached without WireGuard from this node (its
-// own segment, or in cross granularity a segment of the same location).
+// own segment, or in cross granularity a segment of the same location —
+// nodes without a location share the empty one, as in Cozystack's kg,
+// where cross comes from: case X3-cross-nodes-without-location).
 func (l Local) SameLocation(s *Segment, set Settings) bool {
 	if s == l.SelfSegment {
 		return true
 	}
-	return set.Granularity == GranularityCross && s.Location != "" && s.Location == l.SelfSegment.Location
+	return set.Granularity == GranularityCross && s.Location == l.SelfSegment.Location
 }
 
 // DevicePeers plans the device's peers. A leader has one peer per segment of

@@ -199,10 +199,12 @@ func (b *routeBuilder) leaderRoutes() {
 // this leader through the tunnel from its private IP. Replies from kilo0 to
 // that private IP must go back through the tunnel too, via the non-leader's
 // gateway (its cilium_host IP): table 1107 and an iif rule do that. Where
-// the gateway is the private IP itself (IPIP mode) Kilo adds nothing.
+// the gateway is the private IP itself (IPIP mode) Kilo adds nothing. In
+// cross granularity every node of the location is such a node, each its
+// own segment (Cozystack's kg: case X1-cross-cilium-return-routes-same-location).
 func (b *routeBuilder) ciliumReturnRoutes(s *Segment) {
 	set, self := b.in.Settings, b.self()
-	if set.Local || set.Encapsulate == EncapsulateNever || !self.InternalIP.IsValid() || s != b.in.Local.SelfSegment {
+	if set.Local || set.Encapsulate == EncapsulateNever || !self.InternalIP.IsValid() {
 		return
 	}
 	for _, n := range s.Nodes {

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -229,7 +230,35 @@ func Segments(snap Snapshot, set Settings, self Self, h Host) Local {
 			l.SelfSegment = s
 		}
 	}
+	l.Rejections = append(l.Rejections, crossWithoutPrivateIP(l.Segments, set)...)
 	return l
+}
+
+// crossWithoutPrivateIP names, in cross granularity, the nodes that share
+// their location with others but have no private IP: the nodes of a
+// location reach each other over their private IPs (no WireGuard between
+// them), so no node of its location routes to it there; other locations
+// still reach it through its own WireGuard peer. Cozystack's kg, where cross
+// comes from, crashes on such a node (case X5-cross-node-without-private-ip-kg-panics).
+func crossWithoutPrivateIP(segs []*Segment, set Settings) []Rejection {
+	if set.Granularity != GranularityCross {
+		return nil
+	}
+	perLocation := map[string]int{}
+	for _, s := range segs {
+		perLocation[s.Location]++
+	}
+	var rejs []Rejection
+	for _, s := range segs {
+		for _, n := range s.Nodes {
+			if !n.InternalIP.IsValid() && perLocation[s.Location] > 1 {
+				rejs = append(rejs, Rejection{Object: ObjectRef{Kind: "Node", Name: n.Name}, Field: "internal-ip", Reason: ReasonNoPrivateIP,
+					Message: "no private IP: in cross granularity the nodes of location " + strconv.Quote(s.Location) +
+						" reach each other over their private IPs, so none of them routes to this node (other locations reach it through its WireGuard peer)"})
+			}
+		}
+	}
+	return rejs
 }
 
 // Infos describes the segments for the plan.
@@ -373,10 +402,12 @@ func isPublic(a netip.Addr) bool {
 // (ClaimAllowedLocationIPs): it may contain its own location's addresses
 // (its LAN, the usual case), not another location's
 // (docs/kilo-compatibility.md#claims).
-func allowedLocationIPConflict(segs []*Segment, i int, ip netip.Prefix, raw [][]netip.Prefix) string {
+func allowedLocationIPConflict(segs []*Segment, i int, ip netip.Prefix, raw [][]netip.Prefix, set Settings) string {
 	a := ip.Addr()
 	for j, o := range segs {
-		if j != i {
+		// In cross granularity the segments of one location are one
+		// location: their entries are its (ClaimAllowedLocationIPs).
+		if j != i && (set.Granularity != GranularityCross || o.Location != segs[i].Location) {
 			for _, q := range raw[j] {
 				if ip.Overlaps(q) {
 					return "overlaps allowed-location-ips of segment " + o.Key

@@ -270,7 +270,7 @@ func TestSegments(t *testing.T) {
 			cs, rejs := ClaimNodeAddresses(l, snap.Nodes, set)
 			ResolveRemotes(snap.Meshes, set, cs)
 			ValidatePeers(snap.Peers, l, "", Key{}, cs)
-			l.Rejections = append(append(l.Rejections, rejs...), ClaimAllowedLocationIPs(l, cs)...)
+			l.Rejections = append(append(l.Rejections, rejs...), ClaimAllowedLocationIPs(l, cs, set)...)
 			check(t, "topology", view(l), tc.want)
 			if tc.wantSelf != nil {
 				check(t, "this node", l.Self, tc.wantSelf)

@@ -622,6 +622,10 @@ const (
 	// (its default route, a connected network, a CNI's or DHCP's route):
 	// meshlet leaves that route alone and does not install its own.
 	ReasonHostRoute Reason = "HostRouteConflict"
+	// ReasonNoPrivateIP: in cross granularity, a node that shares its
+	// location with others has no private IP, over which they would reach
+	// it: none of them routes to it.
+	ReasonNoPrivateIP Reason = "NoPrivateIP"
 )
 
 // SessionObservation is one session under the half-dead rule (a peer with

@@ -165,8 +165,8 @@ func (c *Config) RegisterTopology(fs *pflag.FlagSet) {
 // RegisterAgent registers the flags only the agent uses.
 func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Hostname, "hostname", "", "name of this node (default: $NODE_NAME, else the host name)")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster)")
-	fs.StringVar(&c.Namespace, "namespace", PodNamespace(), "namespace of meshlet's Leases, of ClusterMesh objects and their Secrets (default: the agent pod's own, else kilo-system)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else in-cluster)")
+	fs.StringVar(&c.Namespace, "namespace", PodNamespace(), "namespace of meshlet's Leases, of ClusterMesh objects and their Secrets (in a pod: the pod's own)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "period of the full reconcile")
 	fs.StringVar(&c.Listen, "listen", ":1107", "address of /metrics, /healthz and /readyz (as kg's)")
 	fs.StringVar(&c.StatusSocket, "status-socket", DefaultStatusSocket, "unix socket of /status (meshlet status), readable by root only; \"\" = none")
