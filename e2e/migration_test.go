@@ -68,8 +68,9 @@ func TestMigrationFromKg(t *testing.T) {
 	routes, err := a1.Routes(ctx)
 	must(t, err)
 	for _, r := range routes {
-		// The same route as kg writes it: no routing protocol of meshlet's.
-		kg := strings.Replace(r, " proto "+harness.RouteProtocol, "", 1)
+		// The same route as kg writes it: routing protocol static (Kilo's
+		// routes all carry it), not meshlet's.
+		kg := strings.Replace(r, " proto "+harness.RouteProtocol, " proto static", 1)
 		_, err := a1.Exec(ctx, "sh", "-c", "ip route del "+r+" && ip route add "+kg)
 		must(t, err)
 	}

@@ -347,7 +347,14 @@ func reconcileChain(c iptablesClient, cs chainSpec) ([]string, error) {
 			seen[r] = true
 			continue
 		}
-		if err := c.Delete(cs.table, cs.parent, strings.Fields(r)...); err != nil {
+		// As iptables printed it: a jump of someone else's may quote a
+		// comment with spaces or newlines (splitRule reads it as iptables
+		// does).
+		args, err := splitRule(r)
+		if err != nil {
+			return changes, fmt.Errorf("rule %q: %w", r, err)
+		}
+		if err := c.Delete(cs.table, cs.parent, args...); err != nil {
 			return changes, err
 		}
 		changes = append(changes, fmt.Sprintf("%s: delete %q", cs.parent, r))

@@ -215,17 +215,22 @@ func (h *Host) listRoutes() (own []kernelRoute, others map[routeKey][]netlink.Ro
 }
 
 // hostsRoutes finds, among the routes to replace, those whose destination
-// a route of the host holds (not meshlet's, not kg's): the host's route,
-// described, by key.
+// a route of the host holds (not meshlet's, not kg's, not on the WireGuard
+// link, which is meshlet's: as HostRoutes): the host's route, described,
+// by key.
 func (h *Host) hostsRoutes(replace []kernelRoute, others map[routeKey][]netlink.Route, wgLink string) map[routeKey]string {
 	var taken map[routeKey]string
 	var kg map[int]bool
+	wg := -1
 	for _, r := range replace {
 		for _, o := range others[r.key()] {
 			if kg == nil {
 				kg = h.kgLinks(wgLink)
+				if l, err := h.nl.LinkByName(wgLink); err == nil {
+					wg = l.Attrs().Index
+				}
 			}
-			if kgRoute(o, kg) {
+			if kgRoute(o, kg) || o.LinkIndex == wg {
 				continue
 			}
 			if taken == nil {

@@ -79,17 +79,20 @@ func Detect(ctx context.Context, run Runner) (Backend, string) {
 		out, _ := run(c, multi, append([]string{cmd}, args...)...)
 		return out
 	}
+	// Each output is read on its own: one cut short (a timeout) does not
+	// run its last line into the next output's first.
 	nft4 := save("xtables-nft-multi", "iptables-save", "-t", "mangle")
 	nft6 := save("xtables-nft-multi", "ip6tables-save", "-t", "mangle")
 	if kubeletChains.Match(nft4) || kubeletChains.Match(nft6) {
 		return NFT, "kubelet's hint chain is in the nft mangle table"
 	}
-	leg := append(save("xtables-legacy-multi", "iptables-save"), save("xtables-legacy-multi", "ip6tables-save")...)
-	if kubeletChains.Match(leg) {
+	leg4, leg6 := save("xtables-legacy-multi", "iptables-save"), save("xtables-legacy-multi", "ip6tables-save")
+	if kubeletChains.Match(leg4) || kubeletChains.Match(leg6) {
 		return Legacy, "kubelet's hint chain is in the legacy mangle table"
 	}
-	nft := append(save("xtables-nft-multi", "iptables-save"), save("xtables-nft-multi", "ip6tables-save")...)
-	nLeg, nNFT := len(ruleLine.FindAll(leg, -1)), len(ruleLine.FindAll(nft, -1))
+	nft4, nft6 = save("xtables-nft-multi", "iptables-save"), save("xtables-nft-multi", "ip6tables-save")
+	nLeg := len(ruleLine.FindAllIndex(leg4, -1)) + len(ruleLine.FindAllIndex(leg6, -1))
+	nNFT := len(ruleLine.FindAllIndex(nft4, -1)) + len(ruleLine.FindAllIndex(nft6, -1))
 	switch {
 	case nLeg > 0 && nLeg >= nNFT:
 		return Legacy, fmt.Sprintf("no kubelet hint; legacy holds %d rules, nft %d", nLeg, nNFT)

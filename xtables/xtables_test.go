@@ -53,6 +53,12 @@ func TestDetect(t *testing.T) {
 		{"nothing anywhere", nil, NFT},
 		// A chain named like the hint but not a chain line is no hint.
 		{"hint name in a comment", map[string]string{"xtables-legacy-multi iptables-save": "# :KUBE-IPTABLES-HINT\n"}, NFT},
+		// An output cut short (a timeout) before its last newline: the
+		// next output's first line is a line of its own (FuzzIPTablesSave).
+		{"hint after an output cut short", map[string]string{"xtables-legacy-multi iptables-save": "*filter\n-A INPUT -j ACCEPT",
+			"xtables-legacy-multi ip6tables-save": ":KUBE-IPTABLES-HINT - [0:0]\n", "xtables-nft-multi iptables-save": rules(5)}, Legacy},
+		{"rule after an output cut short", map[string]string{"xtables-legacy-multi iptables-save": "*filter\n-A INPUT -j ACCEPT\nCOMMIT",
+			"xtables-legacy-multi ip6tables-save": "-A INPUT -j DROP\n", "xtables-nft-multi iptables-save": rules(2)}, Legacy},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, why := Detect(context.Background(), fakeSaves(tc.outputs))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -40,25 +41,35 @@ func newDiagnoseCmd() *cobra.Command {
 		Long: "Check a cluster's mesh and say what to do about each problem.\n\n" +
 			"It reads the cluster's Nodes, Peers and ClusterMeshes, the remote clusters through the ClusterMesh Secrets\n" +
 			"(the agents' read-only credentials), and each meshlet agent's status (meshlet status run in its pod: pods/exec).\n" +
-			"The topology flags are read from meshlet's DaemonSet unless given. Exit status 1 when an error is found.",
+			"The topology flags are read from meshlet's DaemonSet unless given; without one, --subnet, --mesh-granularity and\n" +
+			"--port from what the nodes publish (their wireguard-ip, granularity and endpoint). Exit status 1 when an error is found.",
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := output.check(); err != nil {
 				return err
 			}
 			flagsFrom := "flags"
-			if src.local.file == "" && !topologyFlagsSet(c.Flags()) {
-				from, err := daemonSetFlags(c.Context(), src, &cfg)
-				if err != nil {
-					fmt.Fprintf(c.ErrOrStderr(), "meshlet diagnose: using default topology flags: %v\n", err)
-				} else {
-					flagsFrom = from
+			// Without the DaemonSet's flags (none to read, a dump), the
+			// topology flags not given come from what the nodes publish.
+			var infer func(cluster.Objects)
+			if !topologyFlagsSet(c.Flags()) {
+				var why error = errors.New("read from a dump")
+				if src.local.file == "" {
+					var from string
+					from, why = daemonSetFlags(c.Context(), src, &cfg)
+					flagsFrom = orDefault(from, flagsFrom)
+				}
+				if why != nil {
+					infer = func(local cluster.Objects) {
+						set := publishedSettings(c.Flags(), &cfg, local.Nodes)
+						flagsFrom = "what the nodes publish (" + strings.Join(set, " ") + "; no DaemonSet: " + why.Error() + ")"
+						if len(set) == 0 {
+							flagsFrom = "defaults (no DaemonSet: " + why.Error() + "; the nodes publish no settings)"
+						}
+					}
 				}
 			}
-			if err := cfg.Validate(); err != nil {
-				return usage(fmt.Errorf("invalid flags: %w", err))
-			}
-			in, err := diagnoseInput(c.Context(), src, cfg, agents && src.local.file == "" && len(statusFiles.remoteFiles) == 0)
+			in, err := diagnoseInput(c.Context(), src, &cfg, infer, agents && src.local.file == "" && len(statusFiles.remoteFiles) == 0)
 			if err != nil {
 				return err
 			}
@@ -200,11 +211,18 @@ func runArgs(ds appsv1.DaemonSet) (args []string, kg bool) {
 }
 
 // diagnoseInput reads everything the checks need.
-func diagnoseInput(ctx context.Context, src meshSource, cfg config.Config, askAgents bool) (diagnose.Input, error) {
-	local, remotes, remoteErrs, err := src.read(ctx, cfg.ClusterName)
+func diagnoseInput(ctx context.Context, src meshSource, cfgp *config.Config, infer func(cluster.Objects), askAgents bool) (diagnose.Input, error) {
+	local, remotes, remoteErrs, err := src.read(ctx, cfgp.ClusterName)
 	if err != nil {
 		return diagnose.Input{}, err
 	}
+	if infer != nil {
+		infer(local.Objects)
+	}
+	if err := cfgp.Validate(); err != nil {
+		return diagnose.Input{}, usage(fmt.Errorf("invalid flags: %w", err))
+	}
+	cfg := *cfgp
 	snap := snapshot(local, remotes, cfg.Settings())
 	in := diagnose.Input{Cluster: orDefault(cfg.ClusterName, "local"), Snapshot: snap, Plans: map[string]topology.Plan{}, ClockOffset: local.ClockOffset,
 		LeaderElection: cfg.LeaderElection}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -25,6 +26,13 @@ func newGraphCmd() *cobra.Command {
 			local, remotes, remoteErrs, err := src.read(c.Context(), cfg.ClusterName)
 			if err != nil {
 				return err
+			}
+			// The topology flags not given: what the nodes publish, the
+			// agents' own settings (not meshlet's defaults).
+			if set := publishedSettings(c.Flags(), &cfg, local.Nodes); len(set) > 0 {
+				if err := cfg.Validate(); err != nil {
+					return fmt.Errorf("the settings the nodes publish (%s): %w", strings.Join(set, " "), err)
+				}
 			}
 			for name, err := range remoteErrs {
 				fmt.Fprintf(c.ErrOrStderr(), "meshlet graph: remote cluster %s left out: %v\n", name, err)

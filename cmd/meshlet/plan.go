@@ -132,6 +132,13 @@ func runPlan(c *cobra.Command, f *planFlags) error {
 	if err != nil {
 		return err
 	}
+	// The topology flags not given: what the dump's nodes publish, the
+	// agents' own settings (not meshlet's defaults).
+	if set := publishedSettings(c.Flags(), &f.cfg, local.Nodes); len(set) > 0 {
+		if err := f.cfg.Validate(); err != nil {
+			return fmt.Errorf("the settings the nodes publish (%s): %w", strings.Join(set, " "), err)
+		}
+	}
 	rem := map[string]cluster.Objects{}
 	for name, file := range remotes {
 		if rem[name], err = readObjectsFile(file); err != nil {

@@ -40,15 +40,33 @@ func ReadObjects(r io.Reader) (Objects, error) {
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
-		j, err := yaml.YAMLToJSON(doc)
-		if err != nil {
-			return out, fmt.Errorf("document %d: %w", i+1, err)
-		}
-		if err := out.add(j); err != nil {
+		if err := out.addDocument(doc); err != nil {
 			return out, fmt.Errorf("document %d: %w", i+1, err)
 		}
 	}
 	return out, nil
+}
+
+// addDocument adds the objects of one document. JSON (`kubectl -o json`)
+// is decoded as it is: converting it through YAML first cost more than
+// the decoding itself (a Peer of 100,000 allowedIPs:
+// docs/performance.md#hostile-peer). A document that does not decode so
+// (YAML; JSON whose numbers only YAML's conversion makes fit, such as 25.0
+// for an integer) is converted, as before.
+func (o *Objects) addDocument(doc []byte) error {
+	var direct Objects
+	if direct.add(doc) == nil {
+		o.Nodes = append(o.Nodes, direct.Nodes...)
+		o.Peers = append(o.Peers, direct.Peers...)
+		o.Meshes = append(o.Meshes, direct.Meshes...)
+		o.Skipped += direct.Skipped
+		return nil
+	}
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return err
+	}
+	return o.add(j)
 }
 
 type typeMeta struct {
@@ -98,15 +116,19 @@ func (o *Objects) add(j []byte) error {
 	return nil
 }
 
-// splitYAML splits a stream on lines that are exactly "---".
+// splitYAML splits a stream on lines that are exactly "---". A stream
+// with no "---" at all is one document, as it is: not copied line by line.
 func splitYAML(data []byte) [][]byte {
+	if !bytes.Contains(data, []byte("---")) {
+		return [][]byte{data}
+	}
 	var docs [][]byte
 	var cur bytes.Buffer
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 64*1024), 64*1024*1024)
 	for sc.Scan() {
 		line := sc.Bytes()
-		if strings.TrimRight(string(line), " \t") == "---" {
+		if string(bytes.TrimRight(line, " \t")) == "---" { // no string per line: a dump has 100,000s
 			docs = append(docs, append([]byte(nil), cur.Bytes()...))
 			cur.Reset()
 			continue
