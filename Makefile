@@ -126,7 +126,7 @@ e2e-kernel: build
 # prints and exits. Built, not `go run`, so the demo's own exit status and
 # signal handling reach make.
 demo: build
-	hack/install-deps.sh
+	hack/install-deps.sh demo
 	$(GO) build -o bin/demo ./e2e/cmd/demo
 	MESHLET_K8S_BIN=$(K8S_BIN) bin/demo --meshlet $(CURDIR)/$(BIN) $(DEMO_ARGS)
 

@@ -41,6 +41,10 @@ table inet meshlet_e2e_filter {
 		type filter hook forward priority filter; policy drop;
 		ct state established,related accept
 		iifname "lan" oifname "wan" accept
+		# Between the nodes of the LAN: bridged, but seen here too where
+		# br_netfilter is loaded (bridge-nf-call-iptables, a kernel-wide
+		# module a container runtime loads).
+		iifname "lan" oifname "lan" accept
 	}
 }
 `

@@ -40,15 +40,25 @@ var pingReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] \d+ bytes from [^ ]+: icmp
 // StartPinger starts pinging dst from n every interval (each reply waited
 // for up to a second).
 func (n *Node) StartPinger(ctx context.Context, dst netip.Addr, interval time.Duration) (*Pinger, error) {
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", n.NS, "ping", "-n", "-D", "-i", fmt.Sprintf("%.3f", interval.Seconds()),
-		"-W", "1", "-I", n.PodIP.String(), dst.String())
+	return startPinger(ctx, "node "+n.Name, n.NS, n.PodIP, dst, interval)
+}
+
+// StartPinger starts pinging dst from the peer host's mesh address every
+// interval.
+func (h *PeerHost) StartPinger(ctx context.Context, dst netip.Addr, interval time.Duration) (*Pinger, error) {
+	return startPinger(ctx, "peer host "+h.Name, h.NS, h.Addr, dst, interval)
+}
+
+func startPinger(ctx context.Context, who, ns string, src, dst netip.Addr, interval time.Duration) (*Pinger, error) {
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "ping", "-n", "-D", "-i", fmt.Sprintf("%.3f", interval.Seconds()),
+		"-W", "1", "-I", src.String(), dst.String())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
 	p := &Pinger{cmd: cmd, done: make(chan struct{}), started: time.Now()}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("node %s: ping %s: %w", n.Name, dst, err)
+		return nil, fmt.Errorf("%s: ping %s: %w", who, dst, err)
 	}
 	go func() {
 		defer close(p.done)

@@ -107,13 +107,22 @@ ensure() { # $1: final dir, $2: build function
 	[ -d "$dest" ] && { echo "$dest"; return; }
 	# Serialise builders; re-check after taking the lock.
 	exec {lockfd}>"$dest.lock"
-	flock "$lockfd"
+	if ! flock -n "$lockfd"; then
+		echo "ensure.sh: waiting for another build of $(basename "$dest") to finish ..." >&2
+		flock "$lockfd"
+	fi
 	if [ ! -d "$dest" ]; then
 		start=$(date +%s)
 		# Global, not local: the EXIT trap may run outside this function.
 		tmp=$(mktemp -d "$dest.tmp.XXXXXX")
-		trap 'rm -rf "$tmp"' EXIT
+		# A cold build is silent for many minutes after its downloads: say
+		# every minute that it goes on, and for how long.
+		(while sleep 60; do echo "ensure.sh: still building $(basename "$dest") ($((($(date +%s) - start) / 60)) min so far) ..." >&2; done) &
+		ticker=$!
+		trap 'kill "$ticker" 2>/dev/null; rm -rf "$tmp"' EXIT
 		"$fn" "$tmp"
+		kill "$ticker" 2>/dev/null || true
+		wait "$ticker" 2>/dev/null || true
 		chmod 755 "$tmp"     # mktemp makes it 0700
 		mv -T "$tmp" "$dest" # rename(2): atomic, dest does not exist
 		trap - EXIT
