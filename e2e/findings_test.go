@@ -27,7 +27,7 @@ import (
 // namedIDs are the findings of issue 22 (agent/core/diagnose/findings.go).
 var namedIDs = []string{diagnose.IDLocationLabel, diagnose.IDTopologyLabel, diagnose.IDDuplicateKey, diagnose.IDNATNoKeepalive,
 	diagnose.IDNoReply, diagnose.IDInboundBlocked, diagnose.IDIPForwardOff, diagnose.IDPeerDNS, diagnose.IDCiliumTunl, diagnose.IDPeerAdmission,
-	diagnose.IDPrivateEndpoint, diagnose.IDLeaderPathDropped, diagnose.IDPathMTU}
+	diagnose.IDPrivateEndpoint, diagnose.IDLeaderPathDropped, diagnose.IDPathMTU, diagnose.IDHostRoute}
 
 // findings runs `meshlet diagnose` on cluster c with every running node's
 // `meshlet status -o json` (read on the node, passed with --status-file:

@@ -21,8 +21,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/failover"
 	"github.com/meshlet/meshlet/agent/core/topology"
+	"github.com/meshlet/meshlet/agent/runtime/status"
 	"github.com/meshlet/meshlet/e2e/apiserver"
 	"github.com/meshlet/meshlet/e2e/harness"
 )
@@ -187,6 +189,18 @@ func TestHostileTenant(t *testing.T) {
 	t.Logf("events in cluster-a:\n  %s", strings.Join(lines, "\n  "))
 	must(t, err)
 	refusedAt := time.Now()
+	// The host's route is a finding of a-x1's too, naming the route.
+	out, err := x1.Exec(ctx, os.Getenv("MESHLET_BIN"), "status", "-o", "json")
+	must(t, err)
+	var st status.Status
+	must(t, json.Unmarshal([]byte(out), &st))
+	found := false
+	for _, f := range st.Findings {
+		found = found || f.ID == diagnose.IDHostRoute && strings.Contains(f.Message, "10.77.0.0/24 dev eth0")
+	}
+	if !found {
+		t.Errorf("a-x1's status has no %s finding naming the host's route: %+v", diagnose.IDHostRoute, st.Findings)
+	}
 
 	// Location x led by one of its own again, holding its Lease.
 	must(t, harness.Poll(ctx, 30*time.Second, 200*time.Millisecond, "location x's Lease back with a node of x", func() (bool, error) {

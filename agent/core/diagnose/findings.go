@@ -55,6 +55,11 @@ const (
 	// IDCiliumTunl: --compatibility=cilium, the plan needs Cilium's IPIP
 	// device and the node has no cilium_tunl.
 	IDCiliumTunl = "CiliumTunlMissing"
+	// IDHostRoute: the host routes a destination of the plan itself (its
+	// default route, a connected network, a CNI's or DHCP's route): meshlet
+	// leaves that route alone and does not route the destination through
+	// the mesh on this node (docs/security.md#claims).
+	IDHostRoute = "HostRouteConflict"
 	// IDPeerAdmission: the API server refuses a valid Peer (a validating
 	// webhook, Kilo's `kg webhook` or another, denies it or cannot be
 	// called), so no Peer can be added or changed.
@@ -243,6 +248,24 @@ func NodeFindings(f NodeFacts) []Finding {
 	fs = append(fs, pathMTU(f)...)
 	fs = append(fs, unresolved(f.Node, f.Unresolved)...)
 	fs = append(fs, ciliumTunl(f)...)
+	fs = append(fs, hostRoutes(f)...)
+	return fs
+}
+
+// hostRoutes are the plan's destinations this node's host routes itself
+// (the rejections of topology.WithoutHostRoutes), one finding each.
+func hostRoutes(f NodeFacts) []Finding {
+	var fs []Finding
+	for _, r := range f.Plan.Rejections {
+		if r.Reason != topology.ReasonHostRoute || r.Object.Kind != "Node" || r.Object.Name != f.Node {
+			continue
+		}
+		fs = append(fs, Finding{Severity: Error, Check: "routes", ID: IDHostRoute, Subject: "node " + f.Node,
+			Message:  "the host routes a destination of the plan itself: " + r.Message,
+			Evidence: []string{r.Message},
+			Fix:      "if the mesh should carry it on this node, remove the host's route (ip route del …); else narrow the claim that brings it (its Event names it)",
+			Runbook:  runbook(IDHostRoute)})
+	}
 	return fs
 }
 

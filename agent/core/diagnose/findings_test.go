@@ -67,6 +67,11 @@ func TestNodeFindings(t *testing.T) {
 		{name: "own key on another node", facts: func(f *NodeFacts) { f.Snapshot.Nodes[2].PublicKey = f.Snapshot.Nodes[0].PublicKey },
 			want: []string{IDDuplicateKey + " nodes a1, b1"}, detail: "on a1, b1"},
 		{name: "two others share a key", facts: func(f *NodeFacts) { f.Snapshot.Nodes[2].PublicKey = f.Snapshot.Nodes[1].PublicKey }},
+		{name: "a destination the host routes itself", facts: func(f *NodeFacts) {
+			msg := "10.9.0.0/24 is routed by the host (10.9.0.0/24 dev eth0 proto boot): left as it is, not routed through the mesh"
+			f.Plan.Rejections = []topology.Rejection{{Object: topology.ObjectRef{Kind: "Node", Name: "a1"}, Field: "routes", Reason: topology.ReasonHostRoute, Message: msg},
+				{Object: topology.ObjectRef{Kind: "Node", Name: "a2"}, Field: "routes", Reason: topology.ReasonHostRoute, Message: "another node's"}}
+		}, want: []string{IDHostRoute + " node a1"}, detail: "(10.9.0.0/24 dev eth0 proto boot)"},
 		{name: "three initiations unanswered", facts: func(f *NodeFacts) { f.Peers = []AgentPeer{blocked} },
 			want: []string{IDNoReply + " node a1"}, detail: "tx 444 B (≥ 3 handshake initiations), rx 0 B"},
 		{name: "private endpoint in another location, only the default route to it", facts: func(f *NodeFacts) {
@@ -291,7 +296,7 @@ func TestRunbookSections(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
 	}
-	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped, IDPathMTU}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped, IDPathMTU, IDHostRoute}
 	var sections []string
 	for _, l := range strings.Split(part, "\n") {
 		if h, ok := strings.CutPrefix(l, "## "); ok {
