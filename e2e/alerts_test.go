@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/model"
+	"sigs.k8s.io/yaml"
 
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/apiserver"
@@ -48,6 +50,16 @@ func repoFile(rel string) string {
 // series Kilo's dashboard reads are there; an agent stopped and a remote
 // API server stopped make their alerts pending. WireGuard's timers bound
 // the wall time: the cut peer cannot be judged down before 197 s.
+//
+// The same agents are scraped at the same time by a second Prometheus as
+// the drop-in's are on Cozystack: job kilo (the drop-in's VMPodScrape), the
+// namespace, pod and container labels of Kilo's DaemonSet in cozy-kilo,
+// and the cluster label VMAgent's externalLabels add to every series (so
+// meshlet's own cluster label is exported_cluster there), evaluating the
+// drop-in VMRule's groups. The peer-health alert fires there too, the
+// agent and remote-cluster alerts name the right target and cluster, and
+// every dashboard query returns data with the cluster variable set to one
+// cluster, that cluster's nodes only.
 func TestAlertsOnPrometheus(t *testing.T) {
 	start := time.Now()
 	env, ctx := newEnv(t)
@@ -73,6 +85,13 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	prom, err := env.StartPrometheus(ctx, harness.PrometheusOptions{Rules: []string{repoFile("manifests/monitoring/rules.yaml")}},
 		ax, ay, bz, bw)
 	must(t, err)
+	dropin, err := env.StartPrometheus(ctx, harness.PrometheusOptions{Job: "kilo",
+		Rules: []string{specGroups(t, repoFile("manifests/monitoring/dropin/victoriametrics/vmrule.yaml"))},
+		Labels: func(n *harness.Node) map[string]string {
+			return map[string]string{"namespace": "cozy-kilo", "pod": "kilo-" + n.Name, "container": harness.KgContainer,
+				"endpoint": "metrics", "cluster": n.Cluster.Name}
+		}}, ax, ay, bz, bw)
+	must(t, err)
 	promStart := time.Now()
 	value := func(expr string) (float64, bool) {
 		v, ok, err := prom.Value(ctx, expr)
@@ -86,6 +105,9 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	ageOf := func(sel string) string { return "time() - meshlet_peer_last_handshake_timestamp_seconds" + sel }
 
 	must(t, harness.Poll(ctx, 60*time.Second, 500*time.Millisecond, "4 targets up, b-z1→a-x1 and a-x1→a-y1 handshaked and up", func() (bool, error) {
+		if n, _, err := dropin.Value(ctx, `count(meshlet_build_info{job="kilo"})`); err != nil || n != 4 {
+			return false, fmt.Errorf("drop-in's job kilo: %v agents answering (%v)", n, err)
+		}
 		n, _ := value(`count(up{job="meshlet"} == 1)`)
 		c, _ := value("meshlet_peer_up" + cut)
 		lg, _ := value("meshlet_peer_up" + long)
@@ -117,8 +139,8 @@ func TestAlertsOnPrometheus(t *testing.T) {
 
 	// Until the cut peer's alert fires and the long-keepalive peer has gone
 	// through one whole keepalive period (age past 210 s, then renewed).
-	var fired *time.Time
-	var firedAlert string
+	var fired, firedDropin *time.Time
+	var firedAlert, firedDropinAlert string
 	var pendingAt time.Time
 	maxAge, renewedAt := 0.0, 0.0
 	err = harness.Poll(ctx, 8*time.Minute, time.Second, "MeshletPeerDown firing for b-z1→a-x1 and a-x1→a-y1's handshake renewed after passing 210 s", func() (bool, error) {
@@ -135,13 +157,24 @@ func TestAlertsOnPrometheus(t *testing.T) {
 				fired, firedAlert = &now, string(al.Annotations["description"])
 			}
 		}
+		if firedDropin == nil {
+			al, err := dropin.Alert(ctx, "MeshletPeerDown", "node", "b-z1", "peer", "a-x1", "job", "kilo", "cluster", "cluster-b")
+			if err != nil {
+				return false, err
+			}
+			if al != nil && al.State == "firing" {
+				now := time.Now()
+				firedDropin, firedDropinAlert = &now, string(al.Annotations["description"])
+			}
+		}
 		if age, ok := value(ageOf(long)); ok {
 			if maxAge > 210 && renewedAt == 0 && age < maxAge-30 {
 				renewedAt = maxAge
 			}
 			maxAge = math.Max(maxAge, age)
 		}
-		return fired != nil && renewedAt > 0, fmt.Errorf("fired %v, long peer's age peaked at %.0f s, renewed %v", fired != nil, maxAge, renewedAt > 0)
+		return fired != nil && firedDropin != nil && renewedAt > 0, fmt.Errorf("fired %v (drop-in's job kilo: %v), long peer's age peaked at %.0f s, renewed %v",
+			fired != nil, firedDropin != nil, maxAge, renewedAt > 0)
 	})
 	must(t, err)
 	secs := int(time.Since(promStart).Seconds()) + 1
@@ -151,6 +184,14 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	fromCut, fromHS := fired.Sub(cutAt), fired.Sub(time.Unix(int64(lastHS), 0))
 	if !strings.Contains(firedAlert, "allowed 3m 17s") || !strings.Contains(firedAlert, " ago") {
 		t.Errorf("MeshletPeerDown description %q: want the handshake age and the allowed 3m 17s (keepalive 2)", firedAlert)
+	}
+	// Under the drop-in's scrape the peer's cluster is meshlet's label,
+	// exported_cluster there: the description names cluster-a, not the
+	// scrape's cluster-b.
+	for _, want := range []string{"(remote, cluster cluster-a,", "allowed 3m 17s"} {
+		if !strings.Contains(firedDropinAlert, want) {
+			t.Errorf("drop-in's MeshletPeerDown description %q: want %q", firedDropinAlert, want)
+		}
 	}
 	// The long-keepalive peer: up at every scrape, allowed 445 s, never an
 	// alert, pending included, over the whole run.
@@ -193,9 +234,9 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	for _, s := range vec {
 		t.Errorf("unexpected MeshletPeerDown: %v", s.Metric)
 	}
-	report(t, "cut b-z1→a-x1 (keepalive 2: allowed %.0f s, `for` 1m): MeshletPeerDown pending %v and firing %v after the cut (handshake %.0f s old at the cut), %v after the last handshake = allowed + %v",
+	report(t, "cut b-z1→a-x1 (keepalive 2: allowed %.0f s, `for` 1m): MeshletPeerDown pending %v and firing %v after the cut (handshake %.0f s old at the cut), %v after the last handshake = allowed + %v; under the drop-in's job kilo (the VMRule's groups) firing %v after the cut",
 		allowedCut, pendingAt.Sub(cutAt).Round(time.Second), fromCut.Round(time.Second), float64(cutAt.Unix())-lastHS,
-		fromHS.Round(time.Second), (fromHS - time.Duration(allowedCut)*time.Second).Round(time.Second))
+		fromHS.Round(time.Second), (fromHS - time.Duration(allowedCut)*time.Second).Round(time.Second), firedDropin.Sub(cutAt).Round(time.Second))
 	report(t, "a-x1→a-y1 (keepalive 250, only keepalives): handshake age peaked at %.0f s and renewed, allowed %.0f s, meshlet_peer_up 1 at every scrape, no MeshletPeerDown (not even pending); the old fixed rule's expression (age > 210 s) was true %.0f s of the run (its `for: 2m` needs 330 s, which a 250 s keepalive never reaches: a keepalive over ~330 s would have fired it)",
 		maxAge, allowedLong, oldTrue)
 	report(t, "idle a-y1↔b-w1 (no keepalive, no traffic but the greeting handshake): never down, no alert over %s, no meshlet_peer_up series over the last %s (handshake ever: %v)", strings.Trim(window, "[]"), strings.Trim(idleWindow, "[]"), idleHS)
@@ -239,24 +280,60 @@ func TestAlertsOnPrometheus(t *testing.T) {
 		return ok && v > 0, nil
 	}))
 
-	// Every query of the shipped dashboard returns data here.
+	// Every query of the shipped dashboard returns data here, with the
+	// cluster variable at All (no cluster label) and, under the drop-in's
+	// scrape, set to cluster-a: then cluster-a's nodes only, remote peers
+	// included, and the remote cluster named as meshlet names it.
 	qs, err := harness.DashboardQueries(repoFile("manifests/monitoring/dashboard.json"),
-		map[string]string{"node": ".*", "__rate_interval": "1m"})
+		map[string]string{"cluster": ".*", "node": ".*", "__rate_interval": "1m"})
+	must(t, err)
+	qsA, err := harness.DashboardQueries(repoFile("manifests/monitoring/dashboard.json"),
+		map[string]string{"cluster": "cluster-a", "node": ".*", "__rate_interval": "1m"})
 	must(t, err)
 	var empty []string
 	must(t, harness.Poll(ctx, 30*time.Second, time.Second, "every dashboard query returns data", func() (bool, error) {
 		empty = empty[:0]
-		for _, q := range qs {
-			vec, err := prom.Query(ctx, q.Expr)
-			if err != nil {
-				return false, err
-			}
-			if !hasNumber(vec) {
-				empty = append(empty, fmt.Sprintf("%s/%s: %s", q.Panel, q.RefID, q.Expr))
+		for _, pq := range []struct {
+			p  *harness.Prometheus
+			qs []harness.DashboardQuery
+		}{{prom, qs}, {dropin, qsA}} {
+			for _, q := range pq.qs {
+				vec, err := pq.p.Query(ctx, q.Expr)
+				if err != nil {
+					return false, err
+				}
+				if !hasNumber(vec) {
+					empty = append(empty, fmt.Sprintf("%s/%s: %s", q.Panel, q.RefID, q.Expr))
+				}
+				for _, smp := range vec {
+					if n := string(smp.Metric["node"]); pq.p == dropin && n != "" && !strings.HasPrefix(n, "a-") {
+						return false, fmt.Errorf("%s/%s with cluster cluster-a: a series of node %s: %v", q.Panel, q.RefID, n, smp.Metric)
+					}
+				}
 			}
 		}
 		return len(empty) == 0, fmt.Errorf("no data (or only NaN) for %d queries:\n%s", len(empty), strings.Join(empty, "\n"))
 	}))
+	for _, q := range qsA {
+		vec, err := dropin.Query(ctx, q.Expr)
+		must(t, err)
+		switch q.Panel {
+		case "Peer up":
+			remote := 0
+			for _, smp := range vec {
+				if smp.Metric["exported_cluster"] == "cluster-b" {
+					remote++
+				}
+			}
+			if remote == 0 {
+				t.Errorf("Peer up with cluster cluster-a: none of a-x1's peers in cluster-b: %v", vec)
+			}
+		case "Remote cluster nodes":
+			if len(vec) != 1 || vec[0].Metric["remote_cluster"] != "cluster-b" {
+				t.Errorf("Remote cluster nodes with cluster cluster-a: %v, want cluster-b's", vec)
+			}
+		}
+	}
 
 	// What Kilo's own dashboard reads (docs/metrics.md#kilo): kg's series
 	// with the values kg would give, and the exporter's.
@@ -267,6 +344,11 @@ func TestAlertsOnPrometheus(t *testing.T) {
 		`kilo_peers{node="a-x1"}`:       1, // the laptop; bad-key is rejected
 		`kilo_peers{node="a-y1"}`:       1,
 	}
+	// The laptop's allowed IPs are masqueraded on cluster-a's leaders (kg's
+	// KILO-NAT for Peers): each created meshlet's NAT chain once (a new
+	// namespace each) and appended the jump to POSTROUTING.
+	kiloWant[`count(kilo_iptables_operations_total{operation="NewChain",table="nat",chain="MESHLET-NAT",protocol="IPv4"} == 1)`] = 2
+	kiloWant[`count(kilo_iptables_operations_total{operation="AppendUnique",table="nat",chain="POSTROUTING",protocol="IPv4",node=~"a-.*"})`] = 2
 	must(t, harness.Poll(ctx, 20*time.Second, time.Second, "kilo_* series as kg would export them", func() (bool, error) {
 		for q, want := range kiloWant {
 			if v, ok := value(q); !ok || v != want {
@@ -281,7 +363,7 @@ func TestAlertsOnPrometheus(t *testing.T) {
 		}
 		return true, nil
 	}))
-	report(t, "all %d queries of manifests/monitoring/dashboard.json returned data (kg node and a Peer change for the session-repair panel); kilo_* (%d checks) and wireguard_* series present",
+	report(t, "all %d queries of manifests/monitoring/dashboard.json returned data (kg node and a Peer change for the session-repair panel), and under the drop-in's scrape with cluster=cluster-a (its nodes only); kilo_* (%d checks) and wireguard_* series present",
 		len(qs), len(kiloWant))
 
 	// An agent that stops answering, and a remote API server that stops:
@@ -291,6 +373,10 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	must(t, bw.Stop(syscall.SIGTERM))
 	must(t, harness.Poll(ctx, 30*time.Second, 500*time.Millisecond, "MeshletAgentDown pending for b-w1", func() (bool, error) {
 		al, err := prom.Alert(ctx, "MeshletAgentDown", "node", "b-w1")
+		if al == nil || err != nil {
+			return false, err
+		}
+		al, err = dropin.Alert(ctx, "MeshletAgentDown", "node", "b-w1", "job", "kilo", "pod", "kilo-b-w1")
 		return al != nil, err
 	}))
 	agentDown := time.Since(stopped)
@@ -298,10 +384,44 @@ func TestAlertsOnPrometheus(t *testing.T) {
 	env.Cluster("cluster-b").Server.Stop()
 	must(t, harness.Poll(ctx, 60*time.Second, 500*time.Millisecond, "MeshletRemoteClusterNotReady pending on a-x1 for cluster-b", func() (bool, error) {
 		al, err := prom.Alert(ctx, "MeshletRemoteClusterNotReady", "node", "a-x1", "cluster", "cluster-b")
+		if al == nil || err != nil {
+			return false, err
+		}
+		// The drop-in's scrape: cluster is a-x1's own, the remote one
+		// exported_cluster, and the summary names that one.
+		al, err = dropin.Alert(ctx, "MeshletRemoteClusterNotReady", "node", "a-x1", "cluster", "cluster-a", "exported_cluster", "cluster-b")
+		if al != nil && !strings.HasSuffix(string(al.Annotations["summary"]), "remote cluster cluster-b.") {
+			return false, fmt.Errorf("drop-in's MeshletRemoteClusterNotReady summary %q", al.Annotations["summary"])
+		}
 		return al != nil, err
 	}))
 	report(t, "b-w1's agent stopped: MeshletAgentDown pending after %v; cluster-b's API server stopped: MeshletRemoteClusterNotReady pending on a-x1 after %v; bad Peer: MeshletRejectionsActive pending; test wall time %v",
 		agentDown.Round(100*time.Millisecond), time.Since(stopped).Round(100*time.Millisecond), time.Since(start).Round(time.Second))
+}
+
+// specGroups writes the spec of the rule object at path (a PrometheusRule
+// or a VMRule: the same groups) as a plain rules file and returns its path.
+func specGroups(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj struct {
+		Spec map[string]any `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &obj); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	out, err := yaml.Marshal(obj.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(f, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 // hasNumber reports whether a vector holds a sample that is a number (a

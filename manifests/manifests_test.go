@@ -157,11 +157,11 @@ func TestKustomizeBuild(t *testing.T) {
 	if ports[0].(map[string]any)["name"] != port {
 		t.Errorf("PodMonitor port %v, container ports %v", port, ports)
 	}
-	// Its job is the pods' label value "meshlet": the job the agent alerts
-	// of rules.yaml select.
+	// Its job is the pods' label value "meshlet" (the alerts select none:
+	// TestMonitoringObjects).
 	jobLabel, _, _ := unstructured.NestedString(pm.Object, "spec", "jobLabel")
 	if podLabels[jobLabel] != "meshlet" {
-		t.Errorf("PodMonitor jobLabel %q gives job %q, the alerts select job=\"meshlet\"", jobLabel, podLabels[jobLabel])
+		t.Errorf("PodMonitor jobLabel %q gives job %q, want meshlet", jobLabel, podLabels[jobLabel])
 	}
 
 	remote := decode(t, kustomizeBuild(t, "remote"))
@@ -315,7 +315,7 @@ func TestDashboardQueries(t *testing.T) {
 	if err != nil {
 		apiserver.SkipOrFail(t, "promtool not installed (apt-get install prometheus): %v", err)
 	}
-	qs, err := harness.DashboardQueries("monitoring/dashboard.json", map[string]string{"node": ".*", "__rate_interval": "5m"})
+	qs, err := harness.DashboardQueries("monitoring/dashboard.json", map[string]string{"cluster": ".*", "node": ".*", "__rate_interval": "5m"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,9 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 )
+
+// unfilled matches a variable left in a query: $name or ${name}, a name
+// that starts with a letter or an underscore.
+var unfilled = regexp.MustCompile(`\$\{?[A-Za-z_]`)
 
 // DashboardQuery is one query of a Grafana dashboard's panel.
 type DashboardQuery struct {
@@ -17,7 +22,9 @@ type DashboardQuery struct {
 // DashboardQueries returns every panel's queries (panels inside rows too) of
 // the Grafana dashboard JSON at path, with the dashboard's variables ($name
 // and ${name}) replaced by vars. A query that still names a variable is an
-// error, so a variable added to the dashboard must be given here too.
+// error, so a variable added to the dashboard must be given here too; a
+// regular expression's group reference ($1, ${1} in label_replace) is not a
+// variable (Grafana leaves names it does not know as they are).
 func DashboardQueries(path string, vars map[string]string) ([]DashboardQuery, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -63,7 +70,7 @@ func DashboardQueries(path string, vars map[string]string) ([]DashboardQuery, er
 			}
 			for _, t := range p.Targets {
 				q := DashboardQuery{Panel: p.Title, RefID: t.RefID, Expr: subst.Replace(t.Expr), Instant: t.Instant}
-				if strings.TrimSpace(t.Expr) == "" || strings.Contains(q.Expr, "$") {
+				if strings.TrimSpace(t.Expr) == "" || unfilled.MatchString(q.Expr) {
 					return fmt.Errorf("panel %q query %s: %q (empty, or a variable without a value)", p.Title, t.RefID, q.Expr)
 				}
 				out = append(out, q)

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -19,8 +20,9 @@ import (
 )
 
 // Prometheus is a real Prometheus server (Debian's prometheus package) on
-// the host, scraping meshlet on nodes in a job named meshlet (what the
-// shipped alerts select) and evaluating rule files.
+// the host, scraping meshlet on nodes in one job (meshlet, as meshlet's
+// PodMonitor names it, or kilo, as the drop-in's does) and evaluating rule
+// files.
 type Prometheus struct {
 	URL string
 	API promv1.API
@@ -33,13 +35,22 @@ type PrometheusOptions struct {
 	Rules []string
 	// Interval is the scrape and rule evaluation interval (default 1 s).
 	Interval time.Duration
+	// Job is the scrape job's name (default meshlet).
+	Job string
+	// Labels are a node's target labels besides node (nil: none), such as
+	// the namespace, pod and container labels a PodMonitor or a VMPodScrape
+	// gives, or the cluster label VMAgent's externalLabels add to every
+	// series at the scrape (meshlet's own cluster label then becomes
+	// exported_cluster, as there).
+	Labels func(*Node) map[string]string
 }
 
 // StartPrometheus starts Prometheus scraping every node's metrics listener
 // (forwarded from inside the node's namespace to the host's loopback, as
 // the demo does), each target labelled node=<name> as the shipped
-// PodMonitor labels it. It waits until Prometheus is ready; it is stopped
-// at Close.
+// PodMonitor labels it, plus o.Labels. It waits until Prometheus is ready;
+// it is stopped at Close. Several may run at once, each in its own
+// directory.
 func (e *Env) StartPrometheus(ctx context.Context, o PrometheusOptions, nodes ...*Node) (*Prometheus, error) {
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -48,8 +59,14 @@ func (e *Env) StartPrometheus(ctx context.Context, o PrometheusOptions, nodes ..
 	if o.Interval == 0 {
 		o.Interval = time.Second
 	}
-	dir := filepath.Join(e.dir, "prometheus")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if o.Job == "" {
+		o.Job = "meshlet"
+	}
+	if err := os.MkdirAll(e.dir, 0o755); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(e.dir, "prometheus-"+o.Job+"-")
+	if err != nil {
 		return nil, err
 	}
 	var cfg strings.Builder
@@ -58,14 +75,25 @@ func (e *Env) StartPrometheus(ctx context.Context, o PrometheusOptions, nodes ..
 	for _, r := range o.Rules {
 		fmt.Fprintf(&cfg, "  - %q\n", r)
 	}
-	cfg.WriteString("scrape_configs:\n  - job_name: meshlet\n    static_configs:\n")
+	fmt.Fprintf(&cfg, "scrape_configs:\n  - job_name: %q\n    static_configs:\n", o.Job)
 	for _, n := range nodes {
 		addr, stop, err := ForwardIntoNetns("127.0.0.1:0", n.NS, MetricsAddr)
 		if err != nil {
 			return nil, fmt.Errorf("forwarding %s's metrics: %w", n.Name, err)
 		}
 		e.onClose(stop)
-		fmt.Fprintf(&cfg, "      - targets: [%q]\n        labels: {node: %q}\n", addr, n.Name)
+		labels := map[string]string{"node": n.Name}
+		if o.Labels != nil {
+			for k, v := range o.Labels(n) {
+				labels[k] = v
+			}
+		}
+		b, err := json.Marshal(labels)
+		if err != nil {
+			return nil, err
+		}
+		// JSON is YAML: the labels as a flow mapping.
+		fmt.Fprintf(&cfg, "      - targets: [%q]\n        labels: %s\n", addr, b)
 	}
 	conf := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(conf, []byte(cfg.String()), 0o644); err != nil {

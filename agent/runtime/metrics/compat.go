@@ -47,12 +47,14 @@ func ParseCompat(s string) (Compat, error) {
 }
 
 // Kilo exports the series kg exports (docs/metrics.md#kilo), with kg's
-// names, types and labels, from meshlet's own state: kilo_leader,
-// kilo_nodes, kilo_peers from the last plan, kilo_reconciles_total and
-// kilo_errors_total{event="apply"} from meshlet_reconciles_total. It reads
-// each plan through Report (the loop hands it every plan, as to the
-// rejection sink) and the counters at scrape time, so nothing is counted
-// twice.
+// names, types and labels, from meshlet's own state: kilo_leader and
+// kilo_nodes from the last plan, kilo_peers from the last snapshot (the
+// planner's input), kilo_reconciles_total and kilo_errors_total{event="apply"}
+// from meshlet_reconciles_total, kilo_iptables_operations_total from the
+// firewall changes the host actuator reports. It reads each plan through
+// Report (the loop hands it every plan, as to the rejection sink), each
+// snapshot through Snapshot, and the counters at scrape time, so nothing
+// is counted twice.
 type Kilo struct {
 	agent *Agent
 
@@ -61,37 +63,53 @@ type Kilo struct {
 	nodes, peers int
 
 	leaderD, nodesD, peersD, reconcilesD, errorsD *prometheus.Desc
+	// iptables is kg's kilo_iptables_operations_total, one CounterVec per
+	// protocol as kg registers it (the protocol is a const label there).
+	iptables map[string]*prometheus.CounterVec
 }
 
 // NewKilo returns the kilo_* collector reading agent's counters.
 func NewKilo(agent *Agent) *Kilo {
-	return &Kilo{
+	k := &Kilo{
 		agent:       agent,
 		leaderD:     prometheus.NewDesc("kilo_leader", "Leadership status of the node.", nil, nil),
 		nodesD:      prometheus.NewDesc("kilo_nodes", "Number of nodes in the mesh.", nil, nil),
 		peersD:      prometheus.NewDesc("kilo_peers", "Number of peers in the mesh.", nil, nil),
 		reconcilesD: prometheus.NewDesc("kilo_reconciles_total", "Number of reconciliation attempts.", nil, nil),
 		errorsD:     prometheus.NewDesc("kilo_errors_total", "Number of errors that occurred while administering the mesh.", []string{"event"}, nil),
+		iptables:    map[string]*prometheus.CounterVec{},
 	}
+	for _, proto := range []string{protoIPv4, protoIPv6} {
+		k.iptables[proto] = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "kilo_iptables_operations_total",
+			Help:        "Number of iptables operations.",
+			ConstLabels: prometheus.Labels{"protocol": proto},
+		}, []string{"operation", "table", "chain"})
+	}
+	return k
 }
 
-// Report records what kg would count in this plan: the local cluster's
-// ready nodes (every node of every segment: the planner puts only ready
-// nodes in segments, as kg counts only ready ones) and the Kilo Peers
-// configured on this node.
+// Report records what kg would count in this plan: whether this node leads
+// and the local cluster's ready nodes (every node of every segment: the
+// planner puts only ready nodes in segments, as kg counts only ready ones).
 func (k *Kilo) Report(_ context.Context, plan topology.Plan) {
 	nodes := 0
 	for _, s := range plan.Segments {
 		nodes += len(s.Nodes)
 	}
-	peers := 0
-	for _, p := range plan.WireGuard.Peers {
-		if p.Kind == topology.KindPeer {
-			peers++
-		}
-	}
 	k.mu.Lock()
-	k.leader, k.nodes, k.peers = plan.Leader, nodes, peers
+	k.leader, k.nodes = plan.Leader, nodes
+	k.mu.Unlock()
+}
+
+// Snapshot records the planner's input: kg sets kilo_peers to the ready
+// Peer objects of its cluster on every node, leader or not (Kilo's
+// pkg/mesh applyTopology), so it is the local cluster's Peers meshlet
+// accepted (a Peer Kilo would leave out as not ready, without a key or
+// allowed IPs, meshlet rejects), whatever this node's role.
+func (k *Kilo) Snapshot(snap topology.Snapshot) {
+	k.mu.Lock()
+	k.peers = len(snap.Peers)
 	k.mu.Unlock()
 }
 
@@ -99,6 +117,9 @@ func (k *Kilo) Report(_ context.Context, plan topology.Plan) {
 func (k *Kilo) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{k.leaderD, k.nodesD, k.peersD, k.reconcilesD, k.errorsD} {
 		ch <- d
+	}
+	for _, c := range k.iptables {
+		c.Describe(ch)
 	}
 }
 
@@ -119,6 +140,9 @@ func (k *Kilo) Collect(ch chan<- prometheus.Metric) {
 	// kg counts a failed apply of its topology as event "apply"; a failed
 	// meshlet run is the same thing.
 	ch <- prometheus.MustNewConstMetric(k.errorsD, prometheus.CounterValue, failed, "apply")
+	for _, c := range k.iptables {
+		c.Collect(ch)
+	}
 }
 
 func counterValue(c prometheus.Counter) float64 {

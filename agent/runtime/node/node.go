@@ -55,12 +55,22 @@ type Host struct {
 	CNI  *cni.File // nil without --cni
 	// Interface is the WireGuard interface, left out of EndpointRoutes.
 	Interface string
+	// firewall is handed each apply's iptables changes (ObserveFirewall).
+	firewall func(changes []string)
 }
+
+// ObserveFirewall hands f the iptables changes of every apply from now on
+// (netlinkx.FirewallReport.Changes), for kg's kilo_iptables_operations_total
+// (--metrics-compat=kilo). Call it before the first Apply.
+func (h *Host) ObserveFirewall(f func(changes []string)) { h.firewall = f }
 
 // Apply implements reconcile.Host.
 func (h *Host) Apply(ctx context.Context, plan topology.Plan) (reconcile.Changes, error) {
 	r, err := h.Host.Apply(ctx, HostSpec(plan))
 	counts := r.Counts()
+	if h.firewall != nil && len(r.Firewall.Changes) > 0 {
+		h.firewall(r.Firewall.Changes)
+	}
 	if err != nil {
 		if errors.Is(err, netlinkx.ErrTunnelMissing) && plan.Tunnel.Name == topology.TunnelFlannel {
 			err = fmt.Errorf("%w (flannel creates flannel.1 with its vxlan backend: is flannel running on this node?)", err)

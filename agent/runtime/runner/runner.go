@@ -103,6 +103,12 @@ type EndpointRouter interface {
 	EndpointRoutes(addrs []netip.Addr) (map[netip.Addr]diagnose.EndpointRoute, error)
 }
 
+// FirewallObserver is a Host that hands each apply's iptables changes to a
+// function (kg's kilo_iptables_operations_total; node.Host is one).
+type FirewallObserver interface {
+	ObserveFirewall(f func(changes []string))
+}
+
 // Unresolver is a WireGuard that remembers the endpoints its last apply
 // could not resolve (/status; node.WireGuard is one).
 type Unresolver interface {
@@ -180,6 +186,7 @@ func New(o Options) (*Agent, error) {
 		o.Config.ClusterMeshStatus = false
 	}
 	am := metrics.NewAgent(o.Registry)
+	metrics.NewBuildInfo(o.Registry, o.Version)
 	compat, err := metrics.ParseCompat(o.Config.MetricsCompat)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-compat: %w", err)
@@ -226,6 +233,10 @@ func New(o Options) (*Agent, error) {
 		kiloMetrics := metrics.NewKilo(am)
 		o.Registry.MustRegister(kiloMetrics)
 		loop.Rejections = plans{loop.Rejections, kiloMetrics}
+		loop.Snapshots = kiloSnapshots{Snapshotter: loop.Snapshots, kilo: kiloMetrics}
+		if fo, ok := o.Host.(FirewallObserver); ok {
+			fo.ObserveFirewall(kiloMetrics.IPTablesChanges)
+		}
 	}
 	a := &Agent{opts: o, Loop: loop, Local: local, Remotes: remotes, secrets: secrets, Metrics: am, peers: collector, meshStatus: ms, events: broadcaster, client: client, leases: leases}
 	a.failover(recorder)
@@ -367,6 +378,20 @@ func (ps plans) Report(ctx context.Context, plan topology.Plan) {
 	for _, p := range ps {
 		p.Report(ctx, plan)
 	}
+}
+
+// kiloSnapshots hands every snapshot to the kilo_* series: kg counts the
+// cluster's Peers on every node (kilo_peers), and only the snapshot has
+// them on a node that configures none.
+type kiloSnapshots struct {
+	reconcile.Snapshotter
+	kilo *metrics.Kilo
+}
+
+func (s kiloSnapshots) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
+	snap, kcs := s.Snapshotter.Snapshot()
+	s.kilo.Snapshot(snap)
+	return snap, kcs
 }
 
 // SelfAnnotations returns this node's annotations as last seen (for
@@ -519,14 +544,20 @@ func (a *Agent) Status(ctx context.Context) status.Status {
 	return status.Build(in)
 }
 
-// Serve exposes /metrics, /healthz and /readyz on addr until ctx ends; it
-// returns the bound address (addr may use port 0). They say no more than
-// kg's listener does; /status, which shows the node's routes, peers and
-// remote clusters, is served only on the local socket (ServeStatus).
+// Serve exposes /metrics, /healthz, /readyz and kg's /health on addr until
+// ctx ends; it returns the bound address (addr may use port 0). They say no
+// more than kg's listener does; /status, which shows the node's routes,
+// peers and remote clusters, is served only on the local socket
+// (ServeStatus), and so are Go's profiles. kg's /graph is not served: it
+// draws Peers' endpoints and remote clusters, what /status keeps off the
+// network (docs/dropin.md#listener).
 func (a *Agent) Serve(ctx context.Context, addr string) (string, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.opts.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	// kg's /health (Kilo's cmd/kg): 200 and no body while the process
+	// serves, whatever the mesh's state; Kilo's e2e and users' probes call it.
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !a.Loop.Ready() {
 			w.WriteHeader(http.StatusServiceUnavailable)
