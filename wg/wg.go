@@ -110,8 +110,11 @@ type Manager struct {
 	// handshakes are the peers added since the last InitiateHandshakes that
 	// WireGuard might not reach by itself (handshake.go).
 	handshakes map[wgtypes.Key]struct{}
-	// unresolved are the endpoints the last apply could not resolve.
-	unresolved []UnresolvedEndpoint
+	// unresolved are the endpoints the last apply could not resolve,
+	// under their own lock: `meshlet status` reads them while an apply
+	// may be waiting on a slow name server.
+	unresolvedMu sync.Mutex
+	unresolved   []UnresolvedEndpoint
 	// sessions is what the watch saw of the sessions under the half-dead
 	// rule and what ActOnSessions did (session.go); probe and onRepair are
 	// Watch's options for them.
@@ -207,7 +210,9 @@ func (m *Manager) Apply(ctx context.Context, desired DeviceSpec) (Report, error)
 	} else if err := ctx.Err(); err != nil {
 		return Report{}, fmt.Errorf("wg: apply %s: %w", m.iface, err)
 	}
+	m.unresolvedMu.Lock()
 	m.unresolved = append(m.unresolved[:0], rep.Unresolved...)
+	m.unresolvedMu.Unlock()
 	rep.Interface = m.iface
 	if rep.Changed() {
 		if err := m.configure(cfg); err != nil {
@@ -304,8 +309,8 @@ func (m *Manager) wakeWatch(changed bool) {
 // Unresolved returns the endpoints the last apply could not resolve
 // (`meshlet status`).
 func (m *Manager) Unresolved() []UnresolvedEndpoint {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.unresolvedMu.Lock()
+	defer m.unresolvedMu.Unlock()
 	return slices.Clone(m.unresolved)
 }
 
@@ -407,6 +412,11 @@ func (m *Manager) resolvePeer(ctx context.Context, p PeerSpec, prev *appliedPeer
 	return out
 }
 
+// ResolveTimeout bounds the lookup of one endpoint's name: a name server
+// answers in milliseconds, and a name it does not answer for is reported
+// (Report.Unresolved) and tried again at the next apply.
+const ResolveTimeout = 2 * time.Second
+
 // resolveEndpoint resolves endpoint; literal says it was an address.
 func resolveEndpoint(ctx context.Context, r Resolver, endpoint string) (addr *net.UDPAddr, literal bool, err error) {
 	host, portStr, err := net.SplitHostPort(endpoint)
@@ -420,7 +430,12 @@ func resolveEndpoint(ctx context.Context, r Resolver, endpoint string) (addr *ne
 	if a, err := netip.ParseAddr(host); err == nil {
 		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(a.Unmap(), uint16(port))), true, nil
 	}
-	addrs, err := r.LookupNetIP(ctx, "ip", host)
+	// Bounded: a name server that never answers would otherwise hold every
+	// apply for the resolver's own timeouts (5 s, twice), and so every
+	// change of the node (e2e TestPeerDNSUnresolvable).
+	lctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+	defer cancel()
+	addrs, err := r.LookupNetIP(lctx, "ip", host)
 	if err != nil {
 		return nil, false, fmt.Errorf("resolve endpoint %q: %w", endpoint, err)
 	}
