@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshlet/meshlet/agent/runtime/config"
 	"github.com/meshlet/meshlet/agent/runtime/status"
@@ -250,4 +252,52 @@ func pace(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// eventWant is an Event a scenario waits for: on object kind/name, with one
+// of reasons, its message containing mentions ("" = any).
+type eventWant struct {
+	kind, name string
+	reasons    []string
+	mentions   string
+}
+
+// awaitEvents waits up to timeout until cluster c holds an Event for each
+// of wants, logs every Event of c, and returns them with what is still
+// missing as the error.
+func awaitEvents(t *testing.T, ctx context.Context, c *harness.Cluster, timeout time.Duration, what string, wants []eventWant) ([]corev1.Event, error) {
+	t.Helper()
+	var evs []corev1.Event
+	missing := func() []string {
+		var out []string
+		for _, w := range wants {
+			found := false
+			for _, e := range evs {
+				if e.InvolvedObject.Kind == w.kind && e.InvolvedObject.Name == w.name && contains(w.reasons, e.Reason) &&
+					strings.Contains(e.Message, w.mentions) {
+					found = true
+				}
+			}
+			if !found {
+				out = append(out, fmt.Sprintf("%s/%s %v %q", w.kind, w.name, w.reasons, w.mentions))
+			}
+		}
+		return out
+	}
+	err := harness.Poll(ctx, timeout, 200*time.Millisecond, what, func() (bool, error) {
+		l, err := c.Admin.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		evs = l.Items
+		m := missing()
+		return len(m) == 0, fmt.Errorf("missing %v", m)
+	})
+	var lines []string
+	for _, e := range evs {
+		lines = append(lines, fmt.Sprintf("%s/%s %s: %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message))
+	}
+	sort.Strings(lines)
+	t.Logf("events in %s:\n  %s", c.Name, strings.Join(lines, "\n  "))
+	return evs, err
 }

@@ -9,14 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/meshlet/meshlet/agent/core/diagnose"
@@ -297,7 +295,7 @@ func startResolver(t *testing.T, hub string, addr netip.Addr, silent bool) *atom
 		t.Fatalf("resolver address: %v: %s", err, out)
 	}
 	var conn *net.UDPConn
-	must(t, listenInNetns(hub, func() (err error) {
+	must(t, harness.InNetns(hub, func() (err error) {
 		conn, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 53)))
 		return err
 	}))
@@ -334,39 +332,4 @@ func startResolver(t *testing.T, hub string, addr netip.Addr, silent bool) *atom
 		}
 	}()
 	return &queries
-}
-
-// listenInNetns runs fn on an OS thread in the named network namespace, as
-// the harness does for its own sockets (e2e/harness/netns.go): a socket
-// made there stays in that namespace and works from any goroutine.
-func listenInNetns(name string, fn func() error) error {
-	target, err := netns.GetFromName(name)
-	if err != nil {
-		return fmt.Errorf("netns %s: %w", name, err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering netns %s: %w", name, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// The thread stays locked: the runtime ends it with the goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leaving netns %s: %w", name, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }

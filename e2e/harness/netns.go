@@ -58,10 +58,10 @@ func sysctl(ctx context.Context, ns, key, value string) error {
 	return err
 }
 
-// inNetns runs fn on an OS thread switched into the named network
+// InNetns runs fn on an OS thread switched into the named network
 // namespace. Sockets created by fn live in that namespace for good, so a
 // listener or a connection made here keeps working from any goroutine.
-func inNetns(name string, fn func() error) error {
+func InNetns(name string, fn func() error) error {
 	target, err := netns.GetFromName(name)
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", name, err)
@@ -98,7 +98,7 @@ func inNetns(name string, fn func() error) error {
 // DialInNetns dials a TCP address from inside a network namespace.
 func DialInNetns(ctx context.Context, ns, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := inNetns(ns, func() error {
+	err := InNetns(ns, func() error {
 		var d net.Dialer
 		var err error
 		c, err = d.DialContext(ctx, "tcp", addr)
@@ -232,7 +232,7 @@ func ForwardIntoNetns(listen, ns, addr string) (string, func(), error) {
 // kubeconfigs and kubeconfig Secrets a user would write work unchanged.
 func forwardFromNetns(ns, addr string) (*forwarder, error) {
 	var l net.Listener
-	err := inNetns(ns, func() error {
+	err := InNetns(ns, func() error {
 		var err error
 		l, err = net.Listen("tcp", addr)
 		return err
