@@ -67,7 +67,8 @@ unit:
 # gofmt over every Go file (the nested modules too); golangci-lint
 # (.golangci.yml: govet, staticcheck, errcheck, ineffassign, unused, misspell,
 # bodyclose, nolintlint); actionlint on .github/workflows; helm lint --strict
-# of the chart with its defaults and with every value set.
+# of the chart with its defaults, with every value set, and with a
+# clusterMesh in each of kilo-clustermesh-operator's forms.
 # DeepCopy of the kilo.squat.ai types (Peer, ClusterMesh) from their
 # +k8s:deepcopy-gen markers, by k8s.io/code-generator, and their CRDs from
 # their +kubebuilder markers, by controller-gen (both tools of go.mod).
@@ -85,6 +86,8 @@ lint:
 	$(TOOLS_BIN)/actionlint
 	$(TOOLS_BIN)/helm lint --strict manifests/chart
 	$(TOOLS_BIN)/helm lint --strict manifests/chart -f manifests/testdata/values/everything.yaml
+	$(TOOLS_BIN)/helm lint --strict manifests/chart -f manifests/testdata/values/clustermesh-operator.yaml
+	$(TOOLS_BIN)/helm lint --strict manifests/chart -f manifests/testdata/values/clustermesh-meshlet.yaml
 
 bench:
 	MESHLET_K8S_BIN=$(K8S_BIN) $(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
