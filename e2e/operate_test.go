@@ -114,14 +114,23 @@ func TestOperate(t *testing.T) {
 	}
 	t.Run("clustermesh status", func(t *testing.T) {
 		t.Logf("OUTPUT kubectl get clustermesh -o wide:\n%s", meshReady("True"))
-		// A node that led briefly while the mesh started may have held it and
-		// released it when it stopped leading: the Lease settles on a leader.
-		var holder string
-		if err := harness.Poll(ctx, 15*time.Second, 200*time.Millisecond, "the status Lease held by a leader", func() (bool, error) {
-			holder = strings.TrimSpace(kubectl("get", "lease", "-n", harness.Namespace, "meshlet-clustermesh-status", "-o", "jsonpath={.spec.holderIdentity}"))
-			return holder == "a-x1" || holder == "a-y1", nil
+		// The writer is the leader of cluster-a's first segment, as every
+		// agent's plan names it: exactly one node says it writes.
+		var writers []string
+		if err := harness.Poll(ctx, 15*time.Second, 200*time.Millisecond, "one ClusterMesh status writer, a leader", func() (bool, error) {
+			writers = nil
+			for _, n := range a.Nodes() {
+				s, err := nodeStatus(ctx, n)
+				if err != nil {
+					return false, err
+				}
+				if s.ClusterMeshStatusWriter {
+					writers = append(writers, n.Name)
+				}
+			}
+			return len(writers) == 1 && (writers[0] == "a-x1" || writers[0] == "a-y1"), nil
 		}); err != nil {
-			t.Errorf("Lease held by %q, want one of cluster-a's leaders a-x1, a-y1", holder)
+			t.Errorf("ClusterMesh status writers %v, want one of cluster-a's leaders a-x1, a-y1", writers)
 		}
 		st := kubectl("get", "clustermesh", "-n", harness.Namespace, "mesh", "-o", "jsonpath={.status.clusters}")
 		if !strings.Contains(st, `"name":"cluster-b"`) || !strings.Contains(st, `"nodes":4`) || !strings.Contains(st, `"ready":true`) {

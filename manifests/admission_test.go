@@ -198,7 +198,7 @@ func confinement(ctx context.Context, t *testing.T, srv *apiserver.Server, cs ku
 		{"n-b takes the released Lease, keeping n-a's step-aside", "n-b", lease("meshlet-leader-x", hold("n-b")), ""},
 		{"n-a takes it from n-b (a holder presumed dead; the location's agents judge it: failover.ForeignHolder)", "n-a", lease("meshlet-leader-x", hold("n-a")), ""},
 		{"n-a creates a Lease held by n-b", "n-a", lease("meshlet-leader-y", hold("n-b")), "not n-b where it was none"},
-		{"n-a takes the ClusterMesh status Lease", "n-a", lease("meshlet-clustermesh-status", hold("n-a")), ""},
+		{"n-a takes the old ClusterMesh status Lease (no longer meshlet's: the plan names the writer)", "n-a", lease("meshlet-clustermesh-status", hold("n-a")), "only meshlet's Leases"},
 		{"n-a writes kube-controller-manager's Lease", "n-a", lease("kube-controller-manager", hold("n-a")), "only meshlet's Leases"},
 		{"n-a creates a Lease of another name", "n-a", lease("kube-scheduler", hold("n-a")), "only meshlet's Leases"},
 		{"n-a creates a location's Lease with another annotation", "n-a", lease("meshlet-leader-w", both(hold("n-a"), annotate("example.com/x", "y"))),

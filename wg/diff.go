@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -144,7 +145,7 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 			continue
 		}
 
-		pc, fields, kept := updatePeer(d, c, in.LastEndpoints)
+		pc, fields, kept, _ := updatePeer(&d, onDevice(c), in.LastEndpoints)
 		if kept {
 			rep.KeptEndpoints = append(rep.KeptEndpoints, PeerChange{Name: d.Name, PublicKey: d.PublicKey})
 		}
@@ -166,33 +167,97 @@ func Diff(in DiffInput, cur *wgtypes.Device) (wgtypes.Config, Report) {
 	return cfg, rep
 }
 
-// updatePeer is the configuration that turns the device's peer c into d:
-// only the fields that differ (their names in fields); kept reports a
-// roaming peer's learned endpoint deliberately left in place.
-func updatePeer(d ResolvedPeer, c *wgtypes.Peer, last map[wgtypes.Key]string) (pc wgtypes.PeerConfig, fields []string, kept bool) {
-	pc = wgtypes.PeerConfig{PublicKey: d.PublicKey, UpdateOnly: true}
-	if d.Addr != nil && !sameUDPAddr(d.Addr, c.Endpoint) {
-		if overwriteEndpoint(d, c, last) {
-			pc.Endpoint = d.Addr
-			fields = append(fields, FieldEndpoint)
-		} else {
-			kept = true
-		}
+// peerState is a peer as a diff knows it: read from the device (onDevice)
+// or as meshlet last wrote it (inMemory). updatePeer, the one per-peer
+// rule, compares a planned peer with either.
+type peerState struct {
+	endpoint *net.UDPAddr
+	// learned: the device may hold an endpoint WireGuard learned that this
+	// state does not show (a peer written roaming or without an endpoint,
+	// known from memory); read: the state is a device read.
+	learned, read bool
+	keepalive     time.Duration
+	allowedIPs    []netip.Prefix
+	// badAllowedIP: the device holds an allowed IP that is no prefix.
+	badAllowedIP bool
+	psk          wgtypes.Key
+}
+
+// onDevice is the device's peer c.
+func onDevice(c *wgtypes.Peer) peerState {
+	h := peerState{endpoint: c.Endpoint, read: true, keepalive: c.PersistentKeepaliveInterval, psk: c.PresharedKey,
+		allowedIPs: make([]netip.Prefix, 0, len(c.AllowedIPs))}
+	for _, n := range c.AllowedIPs {
+		p, ok := prefixFromIPNet(n)
+		h.badAllowedIP = h.badAllowedIP || !ok
+		h.allowedIPs = append(h.allowedIPs, p)
 	}
-	if keepalive := d.PersistentKeepalive; keepalive != c.PersistentKeepaliveInterval {
+	return h
+}
+
+// inMemory is peer p as meshlet last wrote it.
+func inMemory(p *appliedPeer) peerState {
+	return peerState{endpoint: p.Addr, learned: p.Roaming || p.Addr == nil, keepalive: p.PersistentKeepalive,
+		allowedIPs: p.AllowedIPs, psk: pskOf(p.PresharedKey)}
+}
+
+// updatePeer is the configuration that turns peer h into d: only the
+// fields that differ (their names in fields). kept reports a roaming
+// peer's endpoint deliberately left in place (known only from a device
+// read); needRead, that memory cannot decide and the device must be read.
+func updatePeer(d *ResolvedPeer, h peerState, last map[wgtypes.Key]string) (pc wgtypes.PeerConfig, fields []string, kept, needRead bool) {
+	pc = wgtypes.PeerConfig{PublicKey: d.PublicKey, UpdateOnly: true}
+	write, kept, needRead := writeEndpoint(d, h, last)
+	if needRead {
+		return pc, nil, false, true
+	}
+	if write {
+		pc.Endpoint = d.Addr
+		fields = append(fields, FieldEndpoint)
+	}
+	if d.PersistentKeepalive != h.keepalive {
+		keepalive := d.PersistentKeepalive
 		pc.PersistentKeepaliveInterval = &keepalive
 		fields = append(fields, FieldKeepalive)
 	}
-	if !samePrefixes(d.AllowedIPs, c.AllowedIPs) {
+	if h.badAllowedIP || !slices.Equal(d.AllowedIPs, h.allowedIPs) && !slices.Equal(canonical(d.AllowedIPs), canonical(h.allowedIPs)) {
 		pc.ReplaceAllowedIPs = true
 		pc.AllowedIPs = toIPNets(d.AllowedIPs)
 		fields = append(fields, FieldAllowedIPs)
 	}
-	if wantPSK := pskOf(d.PresharedKey); wantPSK != c.PresharedKey {
-		pc.PresharedKey = &wantPSK // the zero key removes it
+	if want := pskOf(d.PresharedKey); want != h.psk {
+		pc.PresharedKey = &want // the zero key removes it
 		fields = append(fields, FieldPresharedKey)
 	}
-	return pc, fields, kept
+	return pc, fields, kept, false
+}
+
+// writeEndpoint decides whether the plan's endpoint may replace the one
+// on the device. WireGuard updates a peer's endpoint to the source of its
+// latest authenticated packet; for a peer behind NAT that learned address
+// is the only one that works, so writing the configured one back would
+// cut it off. Therefore a roaming peer that already has an endpoint keeps
+// it, unless the operator changed the configured endpoint since this
+// process last applied it (a deliberate move). After a restart there is no
+// memory, and the learned endpoint wins; memory alone cannot tell whether
+// there is one (needRead). A non-roaming peer gets the plan's endpoint
+// whenever it may differ. An endpoint WireGuard moved is not seen in
+// memory; the watch's device read finds it as drift.
+func writeEndpoint(d *ResolvedPeer, h peerState, last map[wgtypes.Key]string) (write, kept, needRead bool) {
+	switch {
+	case d.Addr == nil, !h.learned && sameUDPAddr(d.Addr, h.endpoint):
+		return false, false, false
+	case !d.Roaming, !h.learned && h.endpoint == nil:
+		return true, false, false
+	}
+	prev, ok := last[d.PublicKey]
+	switch {
+	case ok && prev != d.Endpoint:
+		return true, false, false
+	case !ok && h.learned:
+		return false, false, true
+	}
+	return false, h.read, false
 }
 
 // newPeerConfig is the configuration that adds peer d.
@@ -212,22 +277,6 @@ func newPeerConfig(d ResolvedPeer) wgtypes.PeerConfig {
 		pc.PresharedKey = &psk
 	}
 	return pc
-}
-
-// overwriteEndpoint decides whether the plan's endpoint may replace the one
-// on the device. WireGuard updates a peer's endpoint to the source of its
-// latest authenticated packet; for a peer behind NAT that learned address is
-// the only one that works, so writing the configured one back would cut it
-// off. Therefore a roaming peer that already has an endpoint keeps it, unless
-// the operator changed the configured endpoint since this process last
-// applied it (a deliberate move). After a restart there is no memory, and the
-// learned endpoint wins.
-func overwriteEndpoint(d ResolvedPeer, c *wgtypes.Peer, last map[wgtypes.Key]string) bool {
-	if !d.Roaming || c.Endpoint == nil {
-		return true
-	}
-	prev, ok := last[d.PublicKey]
-	return ok && prev != d.Endpoint
 }
 
 func sameUDPAddr(a, b *net.UDPAddr) bool {
@@ -263,19 +312,6 @@ func prefixFromIPNet(n net.IPNet) (netip.Prefix, bool) {
 		return netip.Prefix{}, false
 	}
 	return netip.PrefixFrom(a, ones).Masked(), true
-}
-
-func samePrefixes(want []netip.Prefix, have []net.IPNet) bool {
-	b := make([]netip.Prefix, 0, len(have))
-	for _, n := range have {
-		p, ok := prefixFromIPNet(n)
-		if !ok {
-			return false
-		}
-		b = append(b, p)
-	}
-	slices.SortFunc(b, comparePrefix)
-	return slices.Equal(canonical(want), slices.Compact(b))
 }
 
 // keyLess orders keys for deterministic output.
@@ -414,16 +450,9 @@ type appliedDiff struct {
 }
 
 // diffApplied is Diff against what meshlet last applied instead of a device
-// read: the same rules, with what only the device knows handled so:
-//   - a roaming peer's endpoint is written only when the plan's endpoint
-//     string changed since it was last applied (Diff's rule with memory);
-//     needRead is set when that memory is missing (the peer was added
-//     while its endpoint did not resolve);
-//   - a non-roaming peer's endpoint is written when the plan's address
-//     differs from the one written, or when the peer roamed until now (the
-//     device may hold a learned endpoint). An endpoint WireGuard itself
-//     moved (a packet from a new source) is not seen here; the watch's
-//     device read finds it as drift.
+// read, by the same per-peer rule (updatePeer on inMemory): what only the
+// device knows — a learned endpoint of a roaming peer with no memory of its
+// configured one — sets needRead.
 //
 // It does no I/O but in.Resolve, and costs a lookup and a comparison per
 // planned peer; nothing is copied or allocated for a peer that is settled.
@@ -481,7 +510,7 @@ func diffApplied(in planInput, a *appliedState) appliedDiff {
 			continue
 		}
 		r.changed = append(r.changed, d)
-		pc, fields, read := updateApplied(&d, prev, in.LastEndpoints)
+		pc, fields, _, read := updatePeer(&d, inMemory(prev), in.LastEndpoints)
 		if read {
 			return appliedDiff{needRead: true}
 		}
@@ -524,43 +553,6 @@ func sameSpec(d *ResolvedPeer, p *appliedPeer) bool {
 		sameUDPAddr(d.Addr, p.Addr) && d.PersistentKeepalive == p.PersistentKeepalive && d.Roaming == p.Roaming &&
 		d.SessionProbe == p.SessionProbe && samePSK(d.PresharedKey, p.PresharedKey) &&
 		slices.Equal(d.AllowedIPs, p.AllowedIPs)
-}
-
-// updateApplied is updatePeer against the peer as last written.
-func updateApplied(d *ResolvedPeer, p *appliedPeer, last map[wgtypes.Key]string) (pc wgtypes.PeerConfig, fields []string, needRead bool) {
-	pc = wgtypes.PeerConfig{PublicKey: d.PublicKey, UpdateOnly: true}
-	if d.Addr != nil {
-		write := false
-		if d.Roaming {
-			prev, ok := last[d.PublicKey]
-			if !ok {
-				return pc, nil, true
-			}
-			write = prev != d.Endpoint
-		} else {
-			write = p.Roaming || !sameUDPAddr(d.Addr, p.Addr)
-		}
-		if write {
-			pc.Endpoint = d.Addr
-			fields = append(fields, FieldEndpoint)
-		}
-	}
-	if d.PersistentKeepalive != p.PersistentKeepalive {
-		keepalive := d.PersistentKeepalive
-		pc.PersistentKeepaliveInterval = &keepalive
-		fields = append(fields, FieldKeepalive)
-	}
-	if !slices.Equal(d.AllowedIPs, p.AllowedIPs) && !slices.Equal(canonical(d.AllowedIPs), canonical(p.AllowedIPs)) {
-		pc.ReplaceAllowedIPs = true
-		pc.AllowedIPs = toIPNets(d.AllowedIPs)
-		fields = append(fields, FieldAllowedIPs)
-	}
-	if !samePSK(d.PresharedKey, p.PresharedKey) {
-		want := pskOf(d.PresharedKey)
-		pc.PresharedKey = &want // the zero key removes it
-		fields = append(fields, FieldPresharedKey)
-	}
-	return pc, fields, false
 }
 
 // samePSK compares two preshared keys, nil being the zero key. Most peers

@@ -25,7 +25,7 @@ type PeerSpec struct {
 	PersistentKeepalive time.Duration
 	PresharedKey        *wgtypes.Key
 	// Roaming: the endpoint the device learned is kept (never overwritten
-	// by Endpoint, see overwriteEndpoint).
+	// by Endpoint, see writeEndpoint).
 	Roaming bool
 	// SessionProbe, when set, puts the peer's session under the half-dead
 	// rule (session.go): the watch records it (SessionFacts), and

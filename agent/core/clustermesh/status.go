@@ -46,19 +46,7 @@ const (
 // time while their status does not change.
 func BuildStatus(m *ClusterMesh, clusterName string, remotes map[string]RemoteState, rejections []topology.Rejection, now time.Time) ClusterMeshStatus {
 	var st ClusterMeshStatus
-	skipped := map[string]map[string]bool{}
-	var meshRejections []topology.Rejection
-	for _, r := range rejections {
-		switch {
-		case r.Object.Kind == "ClusterMesh" && r.Object.Namespace == m.Namespace && r.Object.Name == m.Name:
-			meshRejections = append(meshRejections, r)
-		case r.Object.Kind == "Node" && r.Object.Cluster != "":
-			if skipped[r.Object.Cluster] == nil {
-				skipped[r.Object.Cluster] = map[string]bool{}
-			}
-			skipped[r.Object.Cluster][r.Object.Name] = true
-		}
-	}
+	meshRejections, skipped := sortRejections(m, rejections)
 	var notWatched, notSynced, notReady []string
 	for _, c := range m.Spec.Clusters {
 		if c.Name == clusterName || (clusterName == "" && c.Local) {
@@ -85,9 +73,45 @@ func BuildStatus(m *ClusterMesh, clusterName string, remotes map[string]RemoteSt
 		}
 	}
 	st.ReadyClusters = fmt.Sprintf("%d/%d", readyCount, len(st.Clusters))
-	ready := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonClustersReady,
-		Message: fmt.Sprintf("%d remote clusters synced and reachable", len(st.Clusters))}
-	overlap := metav1.Condition{Type: ConditionNetworksOverlap, Status: metav1.ConditionFalse, Reason: ReasonNoOverlap,
+	ready, overlap := readiness(len(st.Clusters), meshRejections, notWatched, notSynced, notReady)
+	st.Conditions = append([]metav1.Condition(nil), m.Status.Conditions...)
+	for _, c := range []metav1.Condition{ready, overlap} {
+		c.ObservedGeneration = m.Generation
+		c.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
+		if r := []rune(c.Message); len(r) > conditionMessageLength {
+			c.Message = string(r[:conditionMessageLength-1]) + "…"
+		}
+		meta.SetStatusCondition(&st.Conditions, c)
+	}
+	sort.Slice(st.Conditions, func(i, j int) bool { return st.Conditions[i].Type < st.Conditions[j].Type })
+	return st
+}
+
+// sortRejections picks the rejections of mesh m itself and, per remote
+// cluster, the names of its nodes rejected.
+func sortRejections(m *ClusterMesh, rejections []topology.Rejection) ([]topology.Rejection, map[string]map[string]bool) {
+	var mesh []topology.Rejection
+	skipped := map[string]map[string]bool{}
+	for _, r := range rejections {
+		switch {
+		case r.Object.Kind == "ClusterMesh" && r.Object.Namespace == m.Namespace && r.Object.Name == m.Name:
+			mesh = append(mesh, r)
+		case r.Object.Kind == "Node" && r.Object.Cluster != "":
+			if skipped[r.Object.Cluster] == nil {
+				skipped[r.Object.Cluster] = map[string]bool{}
+			}
+			skipped[r.Object.Cluster][r.Object.Name] = true
+		}
+	}
+	return mesh, skipped
+}
+
+// readiness is the Ready and NetworksOverlap conditions: the mesh's own
+// rejections first, then the first kind of remote cluster not yet usable.
+func readiness(clusters int, meshRejections []topology.Rejection, notWatched, notSynced, notReady []string) (ready, overlap metav1.Condition) {
+	ready = metav1.Condition{Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonClustersReady,
+		Message: fmt.Sprintf("%d remote clusters synced and reachable", clusters)}
+	overlap = metav1.Condition{Type: ConditionNetworksOverlap, Status: metav1.ConditionFalse, Reason: ReasonNoOverlap,
 		Message: "no networks overlap"}
 	switch {
 	case len(meshRejections) > 0:
@@ -110,17 +134,7 @@ func BuildStatus(m *ClusterMesh, clusterName string, remotes map[string]RemoteSt
 		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonNotReady
 		ready.Message = "API server unreachable (the last known peers and routes stay in force): " + strings.Join(notReady, "; ")
 	}
-	st.Conditions = append([]metav1.Condition(nil), m.Status.Conditions...)
-	for _, c := range []metav1.Condition{ready, overlap} {
-		c.ObservedGeneration = m.Generation
-		c.LastTransitionTime = metav1.NewTime(now.Truncate(time.Second))
-		if r := []rune(c.Message); len(r) > conditionMessageLength {
-			c.Message = string(r[:conditionMessageLength-1]) + "…"
-		}
-		meta.SetStatusCondition(&st.Conditions, c)
-	}
-	sort.Slice(st.Conditions, func(i, j int) bool { return st.Conditions[i].Type < st.Conditions[j].Type })
-	return st
+	return ready, overlap
 }
 
 func describe(name, err string) string {

@@ -269,145 +269,207 @@ type Decision struct {
 	Veto       bool
 }
 
-// Decide decides this node's part in its location's Lease.
+// Decide decides this node's part in its location's Lease. The steps
+// run in order, each a method of decision reading what the ones before
+// it settled: where the node is and which Lease is its location's
+// (locate), whether Kilo's rule alone governs it (govern), its own
+// health, the Lease's holder, the candidates in Kilo's order, stepping
+// aside, and what it does with a Lease it holds.
 func Decide(in Input) Decision {
-	lease := in.Lease
-	if lease == nil {
+	if in.Lease == nil {
 		return Decision{}
 	}
-	now, h := in.Now, in.Judgement
-	l := &topology.Leadership{Holder: lease.Holder}
-	d := Decision{Leadership: l}
-	seg := in.Segment
-	if seg == nil || in.SelfNode == nil {
+	d := &decision{in: in, lease: in.Lease, l: &topology.Leadership{Holder: in.Lease.Holder}}
+	out := Decision{Leadership: d.l}
+	if in.Segment == nil || in.SelfNode == nil {
 		// Not in the mesh (not Ready in Kilo's sense): it may still hold
 		// the Lease or a mark from before.
-		l.Why = "this node is not Ready in Kilo's sense"
-		if lease.Holder == in.Self {
-			l.Release = ReasonNotGoverned
+		d.l.Why = "this node is not Ready in Kilo's sense"
+		if d.lease.Holder == in.Self {
+			d.l.Release = ReasonNotGoverned
 		}
-		return d
+		return out
 	}
-	set := topology.Defaults(in.Settings)
-	l.Location = topology.NodeLocation(*in.SelfNode, set)
+	d.locate()
+	d.ownHealth()
+	if !d.govern() {
+		return out
+	}
+	d.ignoreForeignHolder()
+	d.rank()
+	d.stepAside()
+	d.holderPart()
+	if d.l.Candidate {
+		d.l.Wait = candidateWait(in, d.lease, d.l.Candidates)
+	}
+	out.Veto = (d.otherHolds || d.giveUp) && d.kiloSelf
+	return out
+}
+
+// decision is Decide's state between its steps.
+type decision struct {
+	in    Input
+	lease *topology.LeaseState
+	l     *topology.Leadership
+	// failing: degraded for StepAsideAfter; unfit: failing, cooling down
+	// or leaving; fit: a candidate in its own right.
+	failing, unfit, fit bool
+	// others: the candidates that are not this node.
+	others []*topology.Node
+	// otherHolds: a live holder that is not this node; kiloSelf: Kilo's
+	// rule names this node; giveUp: unfit while another can lead.
+	otherHolds, kiloSelf, giveUp bool
+}
+
+// cooling: name stepped aside less than StepAsideCoolDown ago.
+func (d *decision) cooling(name string) bool {
+	sa, ok := d.lease.StepAsides[name]
+	return ok && d.in.Now.Before(sa.At.Add(StepAsideCoolDown))
+}
+
+// locate names the node's location and its Lease ("" when the node is its
+// own segment).
+func (d *decision) locate() {
+	l := d.l
+	set := topology.Defaults(d.in.Settings)
+	l.Location = topology.NodeLocation(*d.in.SelfNode, set)
 	l.Lease = LeaseName(l.Location)
-	if seg.Key != topology.LocationSegment(l.Location) {
+	if d.in.Segment.Key != topology.LocationSegment(l.Location) {
 		l.Lease = ""
 	}
-	if lease.Name != l.Lease {
+	if d.lease.Name != l.Lease {
 		// The agent watches another Lease (this node's location just
 		// changed): nothing is known of this one yet.
-		lease = &topology.LeaseState{Name: l.Lease, Exists: true}
+		d.lease = &topology.LeaseState{Name: l.Lease, Exists: true}
 		l.Holder = ""
 	}
+}
+
+// ownHealth marks the node degraded by its own judgement.
+func (d *decision) ownHealth() {
+	h := d.in.Judgement
+	switch {
+	case h.GatewayDown || h.GatewayRecovering:
+		d.l.Degraded = ReasonGatewayUnreachable
+	case h.WireGuardDegraded || d.cooling(d.in.Self):
+		d.l.Degraded = ReasonWireGuardDegraded
+	}
+}
+
+// govern reports whether the Lease governs the segment; when not, Kilo's
+// rule alone decides: a held Lease is released, and meshlet's mark goes
+// unless only this node is left (it leads anyway, and keeps leading when
+// others come back).
+func (d *decision) govern() bool {
+	l, seg := d.l, d.in.Segment
 	nodes := make([]topology.Node, len(seg.Nodes))
 	for i, n := range seg.Nodes {
 		nodes[i] = *n
 	}
-	l.Governed, l.Why = Governance(nodes, set)
+	l.Governed, l.Why = Governance(nodes, topology.Defaults(d.in.Settings))
 	if l.Lease == "" && l.Governed {
 		l.Governed, l.Why = false, "no private IP: the node is its own segment"
 	}
-	cooling := func(name string) bool {
-		sa, ok := lease.StepAsides[name]
-		return ok && now.Before(sa.At.Add(StepAsideCoolDown))
+	if l.Governed {
+		return true
 	}
-	// This node's own health.
-	switch {
-	case h.GatewayDown || h.GatewayRecovering:
-		l.Degraded = ReasonGatewayUnreachable
-	case h.WireGuardDegraded || cooling(in.Self):
-		l.Degraded = ReasonWireGuardDegraded
+	if d.lease.Holder == d.in.Self {
+		l.Release = ReasonNotGoverned
 	}
-	if !l.Governed {
-		if lease.Holder == in.Self {
-			l.Release = ReasonNotGoverned
-		}
-		// Kilo's rule alone: meshlet's mark goes, unless only this node is
-		// left (it leads anyway, and keeps leading when others come back).
-		if in.SelfNode.LeaderMark && len(seg.Nodes) > 1 {
-			l.Unmark = []string{in.Self}
-		}
-		return d
+	if d.in.SelfNode.LeaderMark && len(seg.Nodes) > 1 {
+		l.Unmark = []string{d.in.Self}
 	}
-	// A holder that is no Ready node of this location (a node elsewhere
-	// took the Lease, or it moved away while holding it) leads nothing
-	// here: the Lease is treated as free, the holder reported as ignored.
+	return false
+}
+
+// ignoreForeignHolder treats the Lease as free when its holder is no
+// Ready node of this location (a node elsewhere took the Lease, or it
+// moved away while holding it): the holder leads nothing here and is
+// reported as ignored.
+func (d *decision) ignoreForeignHolder() {
+	seg := d.in.Segment
 	names := make([]string, len(seg.Nodes))
 	for i, n := range seg.Nodes {
 		names[i] = n.Name
 	}
-	if ForeignHolder(lease.Holder, names) {
-		free := *lease
+	if ForeignHolder(d.lease.Holder, names) {
+		free := *d.lease
 		free.Holder = ""
-		lease = &free
-		l.Why += "; the Lease's holder " + l.Holder + " is not a Ready node of location " + l.Location + ": ignored (" + ReasonForeignLeaseHolder + ")"
+		d.lease = &free
+		d.l.Why += "; the Lease's holder " + d.l.Holder + " is not a Ready node of location " + d.l.Location + ": ignored (" + ReasonForeignLeaseHolder + ")"
 	}
-	alive := holderAlive(lease, now)
-	// A leader gives leadership up once degraded for StepAsideAfter; a
-	// node that did is no candidate while it cools down, nor one whose
-	// gateway is down or not answering long enough again.
-	failing := h.GatewayDown && !now.Before(h.GatewayOnset.Add(StepAsideAfter)) ||
+}
+
+// rank lists the candidates in Kilo's order. A leader gives leadership up
+// once degraded for StepAsideAfter; a node that did is no candidate while
+// it cools down, nor one whose gateway is down or not answering long
+// enough again. A node that is going away leads only when nobody else
+// can; its holder hands the Lease over at once (docs/failover.md#restart).
+func (d *decision) rank() {
+	in, h, l, now := d.in, d.in.Judgement, d.l, d.in.Now
+	alive := holderAlive(d.lease, now)
+	d.failing = h.GatewayDown && !now.Before(h.GatewayOnset.Add(StepAsideAfter)) ||
 		h.WireGuardDegraded && !now.Before(h.WireGuardOnset.Add(StepAsideAfter))
-	// A node that is going away leads only when nobody else can; its
-	// holder hands the Lease over at once (docs/failover.md#restart).
 	leaving := in.Leaving != "" || in.SelfNode.Leaving != ""
-	unfit := failing || cooling(in.Self) || leaving
-	fit := !unfit && !h.GatewayDown && !h.GatewayRecovering
-	var others []*topology.Node
-	for _, n := range topology.KiloOrder(seg.Nodes) {
+	d.unfit = d.failing || d.cooling(in.Self) || leaving
+	d.fit = !d.unfit && !h.GatewayDown && !h.GatewayRecovering
+	for _, n := range topology.KiloOrder(in.Segment.Nodes) {
 		switch {
 		case n.Name == in.Self:
-			if fit {
+			if d.fit {
 				l.Candidates = append(l.Candidates, n.Name)
 			}
-		case n.Degraded != "", n.Leaving != "", cooling(n.Name), n.Name == lease.Holder && !alive:
+		case n.Degraded != "", n.Leaving != "", d.cooling(n.Name), n.Name == d.lease.Holder && !alive:
 			// Degraded, going away, cooling down, or a holder that stopped
 			// renewing (presumed dead): not a candidate.
 		default:
 			l.Candidates = append(l.Candidates, n.Name)
-			others = append(others, n)
+			d.others = append(d.others, n)
 		}
 	}
 	// A node that is not fit still competes when nobody else can lead.
-	l.Candidate = fit || len(others) == 0
-	otherHolds := alive && lease.Holder != in.Self
-	kiloSelf := seg.LeaderNode().Name == in.Self
-	giveUp := unfit && len(others) > 0
-	if giveUp && !otherHolds && (kiloSelf || lease.Holder == in.Self) {
-		switch {
-		case !failing && !cooling(in.Self):
-			l.StepAside = ReasonLeaving
-		case h.GatewayDown:
-			l.StepAside = ReasonGatewayUnreachable
-		default:
-			l.StepAside = ReasonWireGuardDegraded
+	l.Candidate = d.fit || len(d.others) == 0
+	d.otherHolds = alive && d.lease.Holder != in.Self
+	d.kiloSelf = in.Segment.LeaderNode().Name == in.Self
+	d.giveUp = d.unfit && len(d.others) > 0
+}
+
+// stepAside records why a node that leads, or that Kilo's rule names,
+// gives leadership up.
+func (d *decision) stepAside() {
+	if !d.giveUp || d.otherHolds || !(d.kiloSelf || d.lease.Holder == d.in.Self) {
+		return
+	}
+	switch {
+	case !d.failing && !d.cooling(d.in.Self):
+		d.l.StepAside = ReasonLeaving
+	case d.in.Judgement.GatewayDown:
+		d.l.StepAside = ReasonGatewayUnreachable
+	default:
+		d.l.StepAside = ReasonWireGuardDegraded
+	}
+}
+
+// holderPart decides what the holder does with its Lease: release it when
+// giving up, or hold it, claim leadership and take the others' marks.
+func (d *decision) holderPart() {
+	l := d.l
+	if d.lease.Holder != d.in.Self {
+		return
+	}
+	if d.giveUp {
+		l.Release = l.StepAside
+		if l.Release == "" {
+			l.Release = ReasonWireGuardDegraded
+		}
+		return
+	}
+	l.Hold, l.Claim = true, true
+	for _, n := range d.in.Segment.Nodes {
+		if n.LeaderMark && n.Name != d.in.Self {
+			l.Unmark = append(l.Unmark, n.Name)
 		}
 	}
-	if lease.Holder == in.Self {
-		switch {
-		case giveUp:
-			l.Release = l.StepAside
-			if l.Release == "" {
-				l.Release = ReasonWireGuardDegraded
-			}
-		default:
-			l.Hold = true
-			l.Claim = true
-		}
-	}
-	if l.Claim {
-		for _, n := range seg.Nodes {
-			if n.LeaderMark && n.Name != in.Self {
-				l.Unmark = append(l.Unmark, n.Name)
-			}
-		}
-	}
-	if l.Candidate {
-		l.Wait = candidateWait(in, lease, l.Candidates)
-	}
-	d.Veto = (otherHolds || giveUp) && kiloSelf
-	return d
 }
 
 // candidateWait is how long a free Lease must have been free before this

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -745,4 +746,41 @@ func containedIn(p netip.Prefix, nets []netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// TestStatusWriterNamed: with a ClusterMesh, every node's plan names the
+// same writer — the first segment's leader when it runs meshlet (self
+// always does), else the next segment's meshlet leader; without one,
+// nobody writes.
+func TestStatusWriterNamed(t *testing.T) {
+	nodes := threeLocations()
+	for i := range nodes {
+		nodes[i].MeshletVersion = "v1"
+	}
+	mesh := []topology.Mesh{{Namespace: "kilo-system", Name: "prod"}}
+	writers := func(nodes []topology.Node, meshes []topology.Mesh) []string {
+		var out []string
+		for _, n := range nodes {
+			if n.MeshletVersion == "" {
+				continue // kg runs no planner
+			}
+			self := selfOf(n, "eth0")
+			self.Version = n.MeshletVersion
+			if Compute(topology.Snapshot{Now: now, Nodes: nodes, Meshes: meshes}, self).StatusWriter {
+				out = append(out, n.Name)
+			}
+		}
+		return out
+	}
+	if got := writers(nodes, mesh); !reflect.DeepEqual(got, []string{"a-2"}) {
+		t.Errorf("writers %v, want [a-2] (location a's leader)", got)
+	}
+	if got := writers(nodes, nil); got != nil {
+		t.Errorf("writers without a ClusterMesh %v, want none", got)
+	}
+	kgA := slices.Clone(nodes)
+	kgA[1].MeshletVersion = "" // location a's leader a-2 runs kg
+	if got := writers(kgA, mesh); !reflect.DeepEqual(got, []string{"b-2"}) {
+		t.Errorf("writers %v, want [b-2] (location b's leader: a's runs kg)", got)
+	}
 }

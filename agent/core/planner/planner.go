@@ -74,6 +74,7 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 		pl.Routes, rejs = topology.WithoutHostRoutes(pl.Routes, self.HostRoutes, self.Name)
 		rejections = append(rejections, rejs...)
 		pl.NAT = topology.NATFor(local, peers, remotes, set)
+		pl.StatusWriter = len(snap.Meshes) > 0 && local.StatusWriter() == self.Name
 		pl.Forward = topology.ForwardFor(local, pl.Leader, set)
 	}
 	// What this node publishes: Kilo's annotations, its health, the

@@ -278,6 +278,21 @@ func (l Local) Infos(set Settings) []SegmentInfo {
 	return out
 }
 
+// StatusWriter is the node that writes the status of the cluster's
+// ClusterMeshes (agent/runtime/meshstatus): the leader of the first
+// segment, in the topology's order, that runs meshlet ("" when every
+// leader runs kg). It is one of the agents that watch the remote clusters,
+// every node that sees the same topology names the same one, and it moves
+// with leadership — so the writer needs no Lease of its own.
+func (l Local) StatusWriter() string {
+	for _, s := range l.Segments {
+		if n := s.LeaderNode(); n != nil && n.MeshletVersion != "" {
+			return n.Name
+		}
+	}
+	return ""
+}
+
 // WithoutLeader is the topology where node name, which Kilo's rule elects
 // in its segment, does not lead it (failover's veto): the next node in
 // Kilo's order leads, and name routes through it.

@@ -394,3 +394,29 @@ func TestKiloOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusWriter: the leader of the first segment that runs meshlet
+// writes the ClusterMesh status; kg leaders are passed over.
+func TestStatusWriter(t *testing.T) {
+	kg := func(n Node) Node { n.MeshletVersion = ""; return n }
+	a1 := mk(1, "a-1", "a", "10.0.1.1/24", "198.51.100.1:51820", "10.244.1.0/24")
+	a2 := mk(2, "a-2", "a", "10.0.1.2/24", "10.0.1.2:51820", "10.244.2.0/24")
+	b1 := mk(3, "b-1", "b", "10.0.2.1/24", "198.51.100.3:51820", "10.244.3.0/24")
+	for _, tc := range []struct {
+		name string
+		l    Local
+		want string
+	}{
+		{name: "the first segment's leader", l: local("a-2", seg("location:a", "a", "10.4.0.1", "a-1", a1, a2), seg("location:b", "b", "10.4.0.2", "b-1", b1)), want: "a-1"},
+		{name: "a vetoed leader: the one who leads instead", l: local("a-2", seg("location:a", "a", "10.4.0.1", "a-2", a1, a2), seg("location:b", "b", "10.4.0.2", "b-1", b1)), want: "a-2"},
+		{name: "the first segment led by kg: the next segment's meshlet leader", l: local("a-2", seg("location:a", "a", "10.4.0.1", "a-1", kg(a1), a2), seg("location:b", "b", "10.4.0.2", "b-1", b1)), want: "b-1"},
+		{name: "every leader runs kg: none", l: local("a-2", seg("location:a", "a", "10.4.0.1", "a-1", kg(a1), a2), seg("location:b", "b", "10.4.0.2", "b-1", kg(b1))), want: ""},
+		{name: "no segment: none", l: Local{}, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.l.StatusWriter(); got != tc.want {
+				t.Errorf("StatusWriter() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

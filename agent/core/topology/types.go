@@ -534,6 +534,9 @@ type Plan struct {
 	// Leadership is this node's part in its location's Lease; nil without
 	// Lease information (docs/failover.md).
 	Leadership *Leadership `json:"leadership,omitempty"`
+	// StatusWriter: this node writes the status of its cluster's
+	// ClusterMeshes (Local.StatusWriter; docs/clustermesh.md#status).
+	StatusWriter bool `json:"statusWriter,omitempty"`
 	// Probes are what this node's health probes watch (Settings.HealthProbes).
 	Probes *Probes `json:"probes,omitempty"`
 	// Sessions is what to do now about the sessions under the half-dead

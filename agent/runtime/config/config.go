@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -174,7 +175,7 @@ func (c *Config) RegisterAgent(fs *pflag.FlagSet) {
 	fs.StringVar(&c.MetricsCompat, "metrics-compat", "", `also export other exporters' series: "" or a comma-separated list of wireguard-exporter (prometheus_wireguard_exporter) and kilo (kg's kilo_*)`)
 	fs.StringVar(&c.KeyFile, "key-file", "/var/lib/meshlet/key", "private key file (created 0600 if missing)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "all, debug, info, warn, error or none")
-	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster, elected with a Lease; never over another manager's status)")
+	fs.BoolVar(&c.ClusterMeshStatus, "clustermesh-status", true, "write ClusterMesh status (one agent per cluster: the leader of the first segment that runs meshlet; never over another manager's status)")
 	fs.BoolVar(&c.RepairSessions, "repair-sessions", true, "re-establish WireGuard sessions that a kg peer forgot when it rewrote its device (mixed clusters)")
 	fs.BoolVar(&c.LeaderElection, "leader-election", true, "elect each location's leader with a Lease where every node of it runs meshlet: failover in seconds, a degraded leader steps aside (false: Kilo's rule alone)")
 	fs.DurationVar(&c.LeaseDuration, "leader-lease-duration", 3*time.Second, "how long a location's leader that stopped renewing its Lease is presumed alive (whole seconds)")
@@ -230,46 +231,39 @@ func SetDefaults(fs *pflag.FlagSet, defaults map[string]string) error {
 	return nil
 }
 
-// Validate checks every flag and returns all problems at once.
+// Validate checks every flag and returns all problems at once. Each
+// check is one group of related flags, so a rule can be read (and
+// tested) alone; the ones that parse keep the parsed value for Settings.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(flag, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
 	}
+	for _, check := range []func(problem){
+		c.checkDevice, c.checkModes, c.checkAddresses, c.checkCluster, c.checkLease, c.checkLimits, c.checkOutput,
+	} {
+		check(bad)
+	}
+	return errors.Join(errs...)
+}
+
+// problem reports one flag's value as refused.
+type problem func(flag, format string, args ...any)
+
+// oneOf reports value unless it is one of allowed.
+func oneOf[T comparable](bad problem, flag string, value T, allowed []T, format string) {
+	if !slices.Contains(allowed, value) {
+		bad(flag, format, value)
+	}
+}
+
+// checkDevice: the WireGuard interface, its port and MTU, how it is run.
+func (c *Config) checkDevice(bad problem) {
 	if c.Interface == "" || len(c.Interface) > 15 || strings.ContainsAny(c.Interface, "/ ") {
 		bad("interface", "%q is not a valid interface name", c.Interface)
 	}
 	if c.Port < 1 || c.Port > 65535 {
 		bad("port", "%d is outside 1–65535", c.Port)
-	}
-	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 30 {
-		bad("subnet", "%q must be an IPv4 CIDR of /30 or larger", c.Subnet)
-	} else {
-		c.parsed.subnet = p.Masked()
-	}
-	switch topology.Granularity(c.Granularity) {
-	case topology.GranularityLocation, topology.GranularityFull, topology.GranularityCross:
-	default:
-		bad("mesh-granularity", "%q must be location, full or cross", c.Granularity)
-	}
-	switch topology.Compatibility(c.Compatibility) {
-	case topology.CompatibilityNone, topology.CompatibilityCilium, topology.CompatibilityFlannel:
-	default:
-		bad("compatibility", `%q must be "", cilium or flannel`, c.Compatibility)
-	}
-	if c.Backend != "" && c.Backend != "kubernetes" {
-		bad("backend", "%q: meshlet has only kg's kubernetes backend", c.Backend)
-	}
-	if c.CNI && c.CNIPath == "" {
-		bad("cni-path", "must name the CNI configuration list --cni manages")
-	}
-	if c.CleanUpInterface && !c.CleanUp {
-		bad("clean-up-interface", "needs --clean-up (as kg: the interface goes with the rest)")
-	}
-	switch topology.Encapsulate(c.Encapsulate) {
-	case topology.EncapsulateNever, topology.EncapsulateCrossSubnet, topology.EncapsulateAlways:
-	default:
-		bad("encapsulate", "%q must be never, crosssubnet or always", c.Encapsulate)
 	}
 	if c.MTU != "auto" {
 		n, err := strconv.Atoi(c.MTU)
@@ -278,15 +272,38 @@ func (c *Config) Validate() error {
 		}
 		c.parsed.mtu = n
 	}
-	c.parsed.internals = nil
-	for _, s := range c.InternalCIDRs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			bad("internal-cidr", "%q is not a CIDR", s)
-			continue
-		}
-		c.parsed.internals = append(c.parsed.internals, p.Masked())
+	oneOf(bad, "wireguard", c.WireGuardMode, []string{"", "kernel", "userspace", "auto"}, "%q must be kernel, userspace or auto")
+	if c.CNI && c.CNIPath == "" {
+		bad("cni-path", "must name the CNI configuration list --cni manages")
 	}
+	if c.CleanUpInterface && !c.CleanUp {
+		bad("clean-up-interface", "needs --clean-up (as kg: the interface goes with the rest)")
+	}
+}
+
+// checkModes: kg's topology and compatibility modes.
+func (c *Config) checkModes(bad problem) {
+	oneOf(bad, "mesh-granularity", topology.Granularity(c.Granularity),
+		[]topology.Granularity{topology.GranularityLocation, topology.GranularityFull, topology.GranularityCross},
+		"%q must be location, full or cross")
+	oneOf(bad, "compatibility", topology.Compatibility(c.Compatibility),
+		[]topology.Compatibility{topology.CompatibilityNone, topology.CompatibilityCilium, topology.CompatibilityFlannel},
+		`%q must be "", cilium or flannel`)
+	oneOf(bad, "encapsulate", topology.Encapsulate(c.Encapsulate),
+		[]topology.Encapsulate{topology.EncapsulateNever, topology.EncapsulateCrossSubnet, topology.EncapsulateAlways},
+		"%q must be never, crosssubnet or always")
+	oneOf(bad, "backend", c.Backend, []string{"", "kubernetes"}, "%q: meshlet has only kg's kubernetes backend")
+}
+
+// checkAddresses: the mesh subnet and the prefixes given on the command line.
+func (c *Config) checkAddresses(bad problem) {
+	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		bad("subnet", "%q must be an IPv4 CIDR of /30 or larger", c.Subnet)
+	} else {
+		c.parsed.subnet = p.Masked()
+	}
+	c.parsed.internals = parseCIDRs(bad, "internal-cidr", c.InternalCIDRs)
+	c.parsed.services = parseCIDRs(bad, "service-cidr", c.ServiceCIDRs)
 	if c.PrivateIP != "" {
 		p, err := netip.ParsePrefix(c.PrivateIP)
 		if err != nil {
@@ -294,15 +311,24 @@ func (c *Config) Validate() error {
 		}
 		c.parsed.private = p
 	}
-	c.parsed.services = nil
-	for _, s := range c.ServiceCIDRs {
+}
+
+// parseCIDRs parses a repeated CIDR flag, reporting each value that is none.
+func parseCIDRs(bad problem, flag string, values []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range values {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			bad("service-cidr", "%q is not a CIDR", s)
+			bad(flag, "%q is not a CIDR", s)
 			continue
 		}
-		c.parsed.services = append(c.parsed.services, p.Masked())
+		out = append(out, p.Masked())
 	}
+	return out
+}
+
+// checkCluster: the cluster's name and the informers' resync.
+func (c *Config) checkCluster(bad problem) {
 	if c.ClusterName != "" {
 		if errs := validation.IsDNS1123Label(c.ClusterName); len(errs) > 0 {
 			bad("cluster-name", "%q is not a DNS label: %s", c.ClusterName, strings.Join(errs, "; "))
@@ -311,15 +337,29 @@ func (c *Config) Validate() error {
 	if c.ResyncPeriod != 0 && c.ResyncPeriod < time.Second {
 		bad("resync-period", "%v is below 1s", c.ResyncPeriod)
 	}
-	if c.LeaderElection && (c.LeaseDuration < time.Second || c.LeaseDuration%time.Second != 0) {
+}
+
+// checkLease: the location Lease's timing and the health probes it rests on.
+func (c *Config) checkLease(bad problem) {
+	if c.HealthProbeInterval != 0 && c.HealthProbeInterval < 100*time.Millisecond {
+		bad("health-probe-interval", "%v must be 0 (off) or at least 100ms", c.HealthProbeInterval)
+	}
+	if !c.LeaderElection {
+		return
+	}
+	if c.LeaseDuration < time.Second || c.LeaseDuration%time.Second != 0 {
 		bad("leader-lease-duration", "%v must be whole seconds, at least 1s", c.LeaseDuration)
 	}
-	if c.LeaderElection && (c.LeaseRenew <= 0 || c.LeaseRenew >= c.LeaseDuration) {
+	if c.LeaseRenew <= 0 || c.LeaseRenew >= c.LeaseDuration {
 		bad("leader-lease-renew", "%v must be above 0 and below --leader-lease-duration (%v)", c.LeaseRenew, c.LeaseDuration)
 	}
-	if c.LeaderElection && c.LeaseRestartGrace != 0 && (c.LeaseRestartGrace < c.LeaseDuration || c.LeaseRestartGrace%time.Second != 0) {
+	if c.LeaseRestartGrace != 0 && (c.LeaseRestartGrace < c.LeaseDuration || c.LeaseRestartGrace%time.Second != 0) {
 		bad("leader-restart-grace", "%v must be 0 or whole seconds, at least --leader-lease-duration (%v)", c.LeaseRestartGrace, c.LeaseDuration)
 	}
+}
+
+// checkLimits: the bounds on hostile input (--max-*).
+func (c *Config) checkLimits(bad problem) {
 	for _, l := range []struct {
 		flag string
 		v    int
@@ -329,23 +369,15 @@ func (c *Config) Validate() error {
 			bad(l.flag, "%d must be 0 (no limit) or more", l.v)
 		}
 	}
-	if c.HealthProbeInterval != 0 && c.HealthProbeInterval < 100*time.Millisecond {
-		bad("health-probe-interval", "%v must be 0 (off) or at least 100ms", c.HealthProbeInterval)
-	}
-	switch c.WireGuardMode {
-	case "", "kernel", "userspace", "auto":
-	default:
-		bad("wireguard", "%q must be kernel, userspace or auto", c.WireGuardMode)
-	}
+}
+
+// checkOutput: metrics and logs.
+func (c *Config) checkOutput(bad problem) {
 	if _, err := metrics.ParseCompat(c.MetricsCompat); err != nil {
 		bad("metrics-compat", `%v: must be "" or a comma-separated list of wireguard-exporter and kilo`, err)
 	}
-	switch c.LogLevel {
-	case "", "all", "debug", "info", "warn", "error", "none":
-	default:
-		bad("log-level", "%q must be all, debug, info, warn, error or none", c.LogLevel)
-	}
-	return errors.Join(errs...)
+	oneOf(bad, "log-level", c.LogLevel, []string{"", "all", "debug", "info", "warn", "error", "none"},
+		"%q must be all, debug, info, warn, error or none")
 }
 
 // Limits returns the bounds on hostile input (--max-*).

@@ -622,186 +622,254 @@ const (
 )
 
 // step does what is due and returns when to look again (zero: at the next
-// wake).
+// wake): it decides under the lock (decide), reports what it saw, and then
+// writes the Lease without it.
 func (e *Elector) step(ctx context.Context) time.Time {
-	now := e.clock().Now()
+	t, ok := e.decide(e.clock().Now())
+	if !ok {
+		return time.Time{}
+	}
+	if t.expired {
+		e.notify()
+	}
+	if t.reportForeign != "" {
+		e.foreignHolder(ctx, t.loc, t.name, t.reportForeign, t.rec, t.reports)
+	}
+	switch t.act {
+	case renew:
+		return e.renew(ctx, t)
+	case acquire:
+		return e.acquire(ctx, t)
+	case reread:
+		if _, err := e.read(ctx, t.name); err != nil {
+			return t.now.Add(e.Renew / 4)
+		}
+		return t.now
+	case release:
+		return e.release(ctx, t)
+	}
+	return topology.Earliest(t.expiry, t.due)
+}
+
+// turn is what one step read of the Elector and decided.
+type turn struct {
+	now     time.Time
+	name    string
+	in      *topology.Leadership
+	rec     *coordinationv1.Lease
+	suspend time.Duration
+	loc     string
+	reports bool
+	// foreign: the holder is no Ready node of the location; reportForeign:
+	// first seen so in this step.
+	foreign       bool
+	reportForeign string
+	act           action
+	due           time.Time
+	reason        string
+	// expiry: when the holder's Lease runs out in this view; expired: it
+	// just did.
+	expiry  time.Time
+	expired bool
+}
+
+// decide reads the Elector's state and decides this step's action; false
+// when there is nothing to do until the next wake (no Lease watched yet,
+// or suspended for the next process).
+func (e *Elector) decide(now time.Time) (turn, bool) {
 	e.mu.Lock()
-	name, in, rec := e.name, e.intent, e.rec
-	if name == "" || e.informer == nil || !e.informer.HasSynced() {
-		e.mu.Unlock()
-		return time.Time{}
+	defer e.mu.Unlock()
+	t := turn{now: now, name: e.name, in: e.intent, rec: e.rec, suspend: e.suspend, reports: e.reports}
+	if t.name == "" || e.informer == nil || !e.informer.HasSynced() {
+		return t, false
 	}
-	held := holderOf(rec) == e.Identity
-	suspend := e.suspend
-	if e.suspended != nil && suspend == 0 {
+	if e.suspended != nil && t.suspend == 0 {
 		// Suspended: the next process renews.
-		e.mu.Unlock()
-		return time.Time{}
+		return t, false
 	}
-	var act action
-	var due time.Time
-	reason := ""
+	if t.in != nil {
+		t.loc = t.in.Location
+	}
 	e.takesAt = time.Time{}
-	// A holder that is no Ready node of the location (failover.ForeignHolder)
-	// is presumed dead one Lease duration — this agent's, not the one it
-	// wrote — after this agent first saw it so, however it renews: the
-	// grace covers a plan that does not know a new node of the location
-	// yet.
-	foreign := in != nil && in.Governed && in.Lease == name && holderOf(rec) != e.Identity &&
-		failover.ForeignHolder(holderOf(rec), e.locationNodes)
-	reportForeign := ""
+	e.noteForeign(&t)
+	held := holderOf(t.rec) == e.Identity
 	switch {
-	case !foreign:
+	case held && t.in != nil && t.in.Release != "":
+		t.act, t.reason = release, t.in.Release
+	case held:
+		e.renewDue(&t)
+	case t.in != nil && t.in.Candidate && t.in.Lease == t.name && e.broken && e.reread:
+		t.act = reread
+	case t.in != nil && t.in.Candidate && t.in.Lease == t.name && !e.broken:
+		e.acquireDue(&t)
+	}
+	e.noteExpiry(&t)
+	return t, true
+}
+
+// noteForeign: a holder that is no Ready node of the location
+// (failover.ForeignHolder) is presumed dead one Lease duration — this
+// agent's, not the one it wrote — after this agent first saw it so,
+// however it renews: the grace covers a plan that does not know a new
+// node of the location yet.
+func (e *Elector) noteForeign(t *turn) {
+	holder := holderOf(t.rec)
+	t.foreign = t.in != nil && t.in.Governed && t.in.Lease == t.name && holder != e.Identity &&
+		failover.ForeignHolder(holder, e.locationNodes)
+	switch {
+	case !t.foreign:
 		e.foreign = ""
-	case e.foreign != holderOf(rec):
-		e.foreign, e.foreignSince, reportForeign = holderOf(rec), now, holderOf(rec)
+	case e.foreign != holder:
+		e.foreign, e.foreignSince, t.reportForeign = holder, t.now, holder
 	}
+}
+
+// renewDue: a holder renews every Renew (at once when stretching the Lease
+// for a restart), unless the plan no longer wants it to hold. Before the
+// first plan a restarted holder keeps its Lease.
+func (e *Elector) renewDue(t *turn) {
+	in := t.in
+	if in != nil && !in.Hold && (in.Lease != t.name || !in.Candidate) {
+		return
+	}
+	t.due = e.renewedAt.Add(e.Renew)
+	if !e.renewedAt.IsZero() && t.now.Before(t.due) && t.suspend == 0 {
+		return
+	}
+	t.act = renew
+}
+
+// acquireDue: a candidate takes a free Lease once it has been free (or its
+// holder presumed dead) for the plan's wait, counted from when this node
+// became a candidate at the earliest.
+func (e *Elector) acquireDue(t *turn) {
+	holder := holderOf(t.rec)
+	var since time.Time
 	switch {
-	case held && in != nil && in.Release != "":
-		act, reason = release, in.Release
-	case held && (in == nil || in.Hold || in.Lease == name && in.Candidate):
-		// Before the first plan a restarted holder keeps its Lease.
-		due = e.renewedAt.Add(e.Renew)
-		if !e.renewedAt.IsZero() && now.Before(due) && suspend == 0 {
-			break
-		}
-		act = renew
-	case !held && in != nil && in.Candidate && in.Lease == name && e.broken && e.reread:
-		act = reread
-	case !held && in != nil && in.Candidate && in.Lease == name && !e.broken:
-		var since time.Time
-		switch {
-		case rec == nil || holderOf(rec) == "":
-			since = e.freeSince
-		case foreign:
-			since = e.foreignSince.Add(e.Duration)
-		default:
-			since = e.changedAt.Add(e.leaseDuration())
-		}
-		if since.IsZero() {
-			break
-		}
-		if e.candidateSince.After(since) {
-			since = e.candidateSince
-		}
-		due = since.Add(in.Wait)
-		if now.Before(due) {
-			e.takesAt = due
-			break
-		}
-		act = acquire
-		switch {
-		case rec == nil:
-			reason = ChangeFirst
-		case holderOf(rec) == "":
-			reason = ChangeReleased
-		case foreign:
-			reason = ChangeForeign
-		default:
-			reason = ChangeExpired
+	case holder == "":
+		since = e.freeSince
+	case t.foreign:
+		since = e.foreignSince.Add(e.Duration)
+	default:
+		since = e.changedAt.Add(e.leaseDuration())
+	}
+	if since.IsZero() {
+		return
+	}
+	if e.candidateSince.After(since) {
+		since = e.candidateSince
+	}
+	t.due = since.Add(t.in.Wait)
+	if t.now.Before(t.due) {
+		e.takesAt = t.due
+		return
+	}
+	t.act = acquire
+	switch {
+	case t.rec == nil:
+		t.reason = ChangeFirst
+	case holder == "":
+		t.reason = ChangeReleased
+	case t.foreign:
+		t.reason = ChangeForeign
+	default:
+		t.reason = ChangeExpired
+	}
+}
+
+// noteExpiry: the holder is presumed dead once its Lease runs out in this
+// view (failover's holderAlive): the loop plans again then, once, as no
+// renewal wakes it.
+func (e *Elector) noteExpiry(t *turn) {
+	if holderOf(t.rec) == "" || e.broken {
+		return
+	}
+	t.expiry = e.changedAt.Add(e.leaseDuration())
+	if !t.now.Before(t.expiry) {
+		t.expiry, t.expired = time.Time{}, !e.expiryNoted
+		e.expiryNoted = true
+	}
+}
+
+// renew writes the held Lease's renewal (stretched while suspending for a
+// restart).
+func (e *Elector) renew(ctx context.Context, t turn) time.Time {
+	now, suspend := t.now, t.suspend
+	stamp := func(l *coordinationv1.Lease) {
+		e.stamp(l, now, false)
+		if suspend > 0 {
+			secs := int32(suspend / time.Second)
+			l.Spec.LeaseDurationSeconds = &secs
+			if l.Annotations == nil {
+				l.Annotations = map[string]string{}
+			}
+			l.Annotations[AnnotationRestarting] = now.UTC().Format(time.RFC3339)
 		}
 	}
-	var loc string
-	if in != nil {
-		loc = in.Location
-	}
-	reports := e.reports
-	// The holder is presumed dead once its Lease runs out in this view
-	// (failover's holderAlive): the loop plans again then, once, as no
-	// renewal wakes it (seen).
-	var expiry time.Time
-	expired := false
-	if holderOf(rec) != "" && !e.broken {
-		expiry = e.changedAt.Add(e.leaseDuration())
-		if !now.Before(expiry) {
-			expiry, expired = time.Time{}, !e.expiryNoted
-			e.expiryNoted = true
+	err := e.write(ctx, t.name, t.rec, stamp)
+	if apierrors.IsConflict(err) {
+		// The Lease changed since this node last saw it — often its own
+		// renewal, applied while the answer was lost (an API server
+		// restarting): read it now rather than wait for the watch, and
+		// renew again if this node still holds it.
+		if cur, gerr := e.read(ctx, t.name); gerr == nil && holderOf(cur) == e.Identity {
+			err = e.write(ctx, t.name, cur, stamp)
 		}
+	}
+	if err != nil {
+		e.log().Warn("renewing the location Lease", "lease", e.Namespace+"/"+t.name, "error", err)
+		return now.Add(e.Renew / 4)
+	}
+	e.mu.Lock()
+	e.renewedAt = now
+	if suspend > 0 && e.suspend == suspend {
+		e.suspend = 0
+		close(e.suspended)
 	}
 	e.mu.Unlock()
-	if expired {
-		e.notify()
-	}
-	if reportForeign != "" {
-		e.foreignHolder(ctx, loc, name, reportForeign, rec, reports)
-	}
+	e.setHeld(true)
+	return now.Add(e.Renew)
+}
 
-	switch act {
-	case renew:
-		stamp := func(l *coordinationv1.Lease) {
-			e.stamp(l, now, false)
-			if suspend > 0 {
-				secs := int32(suspend / time.Second)
-				l.Spec.LeaseDurationSeconds = &secs
-				if l.Annotations == nil {
-					l.Annotations = map[string]string{}
-				}
-				l.Annotations[AnnotationRestarting] = now.UTC().Format(time.RFC3339)
+// acquire takes the Lease.
+func (e *Elector) acquire(ctx context.Context, t turn) time.Time {
+	now, name := t.now, t.name
+	prev := holderOf(t.rec)
+	if err := e.write(ctx, name, t.rec, func(l *coordinationv1.Lease) { e.stamp(l, now, true) }); err != nil {
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			e.log().Warn("taking the location Lease", "lease", e.Namespace+"/"+name, "error", err)
+			// The API did not answer: nothing seen since proves the
+			// holder dead (its renewals may have failed alike, and an
+			// established watch that ends reports nothing). The holder
+			// is presumed alive for a Lease duration from when this
+			// node reads the Lease again.
+			e.mu.Lock()
+			if e.name == name {
+				e.broken, e.brokenAt, e.reread = true, now, true
 			}
+			e.mu.Unlock()
 		}
-		err := e.write(ctx, name, rec, stamp)
-		if apierrors.IsConflict(err) {
-			// The Lease changed since this node last saw it — often its own
-			// renewal, applied while the answer was lost (an API server
-			// restarting): read it now rather than wait for the watch, and
-			// renew again if this node still holds it.
-			if cur, gerr := e.read(ctx, name); gerr == nil && holderOf(cur) == e.Identity {
-				err = e.write(ctx, name, cur, stamp)
-			}
-		}
-		if err != nil {
-			e.log().Warn("renewing the location Lease", "lease", e.Namespace+"/"+name, "error", err)
-			return now.Add(e.Renew / 4)
-		}
-		e.mu.Lock()
-		e.renewedAt = now
-		if suspend > 0 && e.suspend == suspend {
-			e.suspend = 0
-			close(e.suspended)
-		}
-		e.mu.Unlock()
-		e.setHeld(true)
-		return now.Add(e.Renew)
-	case acquire:
-		prev := holderOf(rec)
-		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.stamp(l, now, true) }); err != nil {
-			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-				e.log().Warn("taking the location Lease", "lease", e.Namespace+"/"+name, "error", err)
-				// The API did not answer: nothing seen since proves the
-				// holder dead (its renewals may have failed alike, and an
-				// established watch that ends reports nothing). The holder
-				// is presumed alive for a Lease duration from when this
-				// node reads the Lease again.
-				e.mu.Lock()
-				if e.name == name {
-					e.broken, e.brokenAt, e.reread = true, now, true
-				}
-				e.mu.Unlock()
-			}
-			return now.Add(e.Renew / 4)
-		}
-		e.mu.Lock()
-		e.renewedAt = now
-		e.mu.Unlock()
-		e.setHeld(true)
-		e.changed(loc, name, prev, reason, rec)
-		e.notify()
-		return now.Add(e.Renew)
-	case reread:
-		if _, err := e.read(ctx, name); err != nil {
-			return now.Add(e.Renew / 4)
-		}
-		return now
-	case release:
-		if err := e.write(ctx, name, rec, func(l *coordinationv1.Lease) { e.giveUp(l, now, reason) }); err != nil {
-			e.log().Warn("releasing the location Lease", "lease", e.Namespace+"/"+name, "error", err)
-			return now.Add(e.Renew / 4)
-		}
-		e.setHeld(false)
-		e.log().Info("released the location Lease", "lease", e.Namespace+"/"+name, "reason", reason)
-		e.notify()
+		return now.Add(e.Renew / 4)
 	}
-	return topology.Earliest(expiry, due)
+	e.mu.Lock()
+	e.renewedAt = now
+	e.mu.Unlock()
+	e.setHeld(true)
+	e.changed(t.loc, name, prev, t.reason, t.rec)
+	e.notify()
+	return now.Add(e.Renew)
+}
+
+// release gives the held Lease up, recording why.
+func (e *Elector) release(ctx context.Context, t turn) time.Time {
+	if err := e.write(ctx, t.name, t.rec, func(l *coordinationv1.Lease) { e.giveUp(l, t.now, t.reason) }); err != nil {
+		e.log().Warn("releasing the location Lease", "lease", e.Namespace+"/"+t.name, "error", err)
+		return t.now.Add(e.Renew / 4)
+	}
+	e.setHeld(false)
+	e.log().Info("released the location Lease", "lease", e.Namespace+"/"+t.name, "reason", t.reason)
+	e.notify()
+	return topology.Earliest(t.expiry, t.due)
 }
 
 // foreignHolder reports a holder of the location's Lease that is none of

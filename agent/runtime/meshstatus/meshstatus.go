@@ -1,9 +1,9 @@
 // Package meshstatus writes the status of this cluster's ClusterMeshes:
 // per remote cluster synced / ready / nodes / peers and a Ready condition
 // (agent/core/clustermesh BuildStatus decides it). One agent per cluster
-// writes at a time — the holder of a Lease, which only segment leaders
-// (the agents that watch the remote clusters) compete for — and only on
-// the local cluster. It never fights another writer: a status field owned
+// writes — the one the plan names (Plan.StatusWriter: the leader of the
+// first segment that runs meshlet, one of the agents that watch the remote
+// clusters) — and only on the local cluster. It never fights another writer: a status field owned
 // by someone else (kilo-clustermesh-operator) is a conflict of
 // server-side apply, and meshlet then leaves that ClusterMesh alone
 // (docs/clustermesh.md).
@@ -30,12 +30,8 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	kclock "k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
@@ -43,37 +39,25 @@ import (
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 )
 
-// LeaseName is the Lease (in meshlet's namespace) whose holder writes.
-const LeaseName = "meshlet-clustermesh-status"
-
 // FieldManager is meshlet's server-side apply field manager for status.
 const FieldManager = "meshlet"
 
-// Writer writes ClusterMesh status while it holds the Lease.
+// Writer writes ClusterMesh status while the plan names this node.
 type Writer struct {
-	Client      kubernetes.Interface // Leases
-	Kilo        rest.Interface       // clustermeshes/status, and the CRD (AbsPath)
-	Namespace   string
-	Identity    string // this node
-	ClusterName string // "" = the entry marked local
+	Kilo        rest.Interface // clustermeshes/status, and the CRD (AbsPath)
+	ClusterName string         // "" = the entry marked local
 	Meshes      func() []*clustermesh.ClusterMesh
 	Remotes     func() []cluster.RemoteStatus
 	Log         *slog.Logger
 	// NoCRD: the agent may not read the ClusterMesh CRD (grants); the
 	// writer then writes the fields every ClusterMesh CRD has.
 	NoCRD bool
-	// Lease timing (defaults 30 s, 20 s, 5 s). A status can wait: the
-	// holder renews every 5 s (client-go's usual 2 s was a fifth of an idle
-	// segment leader's CPU, docs/performance.md#beside-kg), a leader that
-	// stops leading releases at once, and one that dies is replaced within
-	// 30 s (docs/clustermesh.md#status).
-	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Now is the clock of condition transition times (default: the real clock).
 	Now func() time.Time
 
 	mu         sync.Mutex
 	ctx        context.Context
-	cancel     context.CancelFunc // the running election, nil when not a candidate
+	cancel     context.CancelFunc // the running writer, nil when the plan names another node
 	rejections []topology.Rejection
 	leaders    map[string]int // remote leaders peered, by mesh and cluster (leadersKey)
 	wake       chan struct{}
@@ -86,7 +70,7 @@ type Writer struct {
 // crdPath is the ClusterMesh CRD's URL path.
 const crdPath = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + clustermesh.CRDName
 
-// Start sets the context that bounds the elections.
+// Start sets the context that bounds the writer.
 func (w *Writer) Start(ctx context.Context) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -98,9 +82,8 @@ func (w *Writer) Start(ctx context.Context) {
 	}
 }
 
-// Follow is called after every reconcile: a segment leader is a candidate
-// for the Lease, any other node gives it up; the holder re-writes what
-// changed.
+// Follow is called after every reconcile: the node the plan names writes
+// (at once, then what changed after every reconcile), any other stops.
 func (w *Writer) Follow(plan topology.Plan) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -113,13 +96,17 @@ func (w *Writer) Follow(plan topology.Plan) {
 		w.leaders[leadersKey(r.Mesh, r.Cluster)] = len(r.Leaders)
 	}
 	switch {
-	case plan.Leader && w.cancel == nil:
+	case plan.StatusWriter && w.cancel == nil:
 		ctx, cancel := context.WithCancel(w.ctx)
 		w.cancel = cancel
-		go w.elect(ctx)
-	case !plan.Leader && w.cancel != nil:
-		w.cancel() // releases the Lease (ReleaseOnCancel)
+		w.leading = true
+		w.Log.Info("ClusterMesh status writer", "leading", true)
+		go w.lead(ctx)
+	case !plan.StatusWriter && w.cancel != nil:
+		w.cancel()
 		w.cancel = nil
+		w.leading = false
+		w.Log.Info("ClusterMesh status writer", "leading", false)
 	}
 	select {
 	case w.wake <- struct{}{}:
@@ -127,63 +114,16 @@ func (w *Writer) Follow(plan topology.Plan) {
 	}
 }
 
-// Leading reports whether this agent holds the Lease.
+// Leading reports whether this agent writes.
 func (w *Writer) Leading() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.leading
 }
 
-func (w *Writer) elect(ctx context.Context) {
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: w.Namespace, Name: LeaseName},
-		Client:     w.Client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: w.Identity},
-	}
-	cfg := leaderelection.LeaderElectionConfig{
-		Lock: lock, ReleaseOnCancel: true, Name: LeaseName,
-		LeaseDuration: or(w.LeaseDuration, 30*time.Second), RenewDeadline: or(w.RenewDeadline, 20*time.Second),
-		RetryPeriod: or(w.RetryPeriod, 5*time.Second),
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: w.lead,
-			OnStoppedLeading: func() {
-				w.setLeading(false)
-			},
-		},
-	}
-	el, err := leaderelection.NewLeaderElector(cfg)
-	if err != nil {
-		w.Log.Error("ClusterMesh status election", "error", err)
-		return
-	}
-	// Run returns when the lease is lost or ctx ends; a leader that loses
-	// it (API outage) competes again while it still leads its segment.
-	for ctx.Err() == nil {
-		el.Run(ctx)
-	}
-}
-
-func or(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
-}
-
-func (w *Writer) setLeading(v bool) {
-	w.mu.Lock()
-	changed := w.leading != v
-	w.leading = v
-	w.mu.Unlock()
-	if !changed {
-		return
-	}
-	w.Log.Info("ClusterMesh status writer", "leading", v, "lease", w.Namespace+"/"+LeaseName)
-}
-
-// lead writes while the Lease is held: at once, then at every Follow.
+// lead writes while the plan names this node: at once, then at every
+// Follow.
 func (w *Writer) lead(ctx context.Context) {
-	w.setLeading(true)
 	for {
 		w.writeAll(ctx)
 		select {

@@ -153,10 +153,9 @@ func (f *fixture) writer(t *testing.T, identity string, noCRD bool) (*Writer, *r
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &Writer{Client: kubernetes.NewForConfigOrDie(cfg), Kilo: kilo, Namespace: ns, Identity: identity, NoCRD: noCRD,
+	w := &Writer{Kilo: kilo, NoCRD: noCRD,
 		Meshes: func() []*clustermesh.ClusterMesh { return f.meshes(t) }, Remotes: f.world.Remotes, Now: f.clock.Now,
-		Log:           slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("writer", identity),
-		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond}
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("writer", identity)}
 	return w, rec
 }
 
@@ -232,7 +231,7 @@ var t0 = time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 // leaderPlan is a segment leader's plan peering with cluster-b's leader b-1
 // (registeredPeers 1).
 func leaderPlan() topology.Plan {
-	return topology.Plan{Node: "a-1", Leader: true, Remotes: []topology.RemoteInfo{{Cluster: "cluster-b", Mesh: ns + "/prod", Leaders: []string{"b-1"}, Synced: true}}}
+	return topology.Plan{Node: "a-1", Leader: true, StatusWriter: true, Remotes: []topology.RemoteInfo{{Cluster: "cluster-b", Mesh: ns + "/prod", Leaders: []string{"b-1"}, Synced: true}}}
 }
 
 func goodRemote() []cluster.RemoteStatus {
@@ -244,7 +243,7 @@ func goodRemote() []cluster.RemoteStatus {
 // again with the CRD unreadable to the writer (no grant): what it writes
 // is what the server keeps, so an unchanged status is not written again;
 // conditions keep their transition times; another manager's status is left
-// alone; the Lease elects one writer.
+// alone; one writer at a time, the node the plan names.
 func TestWriter(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a kube-apiserver")
@@ -426,39 +425,33 @@ func TestWriter(t *testing.T) {
 				}
 			})
 
-			t.Run("the Lease elects one writer", func(t *testing.T) {
+			t.Run("the plan names one writer", func(t *testing.T) {
 				w2, rec2 := f.writer(t, "a-2", tc.noCRD)
 				w2.Start(wctx)
-				w2.Follow(f.world.Plan())
-				// a-2 competes while a-1 holds the Lease: it never leads nor
-				// writes, though the status changes.
+				// a-2's plan names a-1: it never writes, though the status
+				// changes.
+				notNamed := f.world.Plan()
+				notNamed.StatusWriter = false
+				w2.Follow(notNamed)
 				f.world.set(func(wd *world) { wd.remotes[0].Nodes, wd.remotes[0].Peers = 3, 2 })
 				pass(t, w, f.world)
-				w2.Follow(f.world.Plan())
-				deadline := time.Now().Add(3 * time.Second) // more than a LeaseDuration
-				for time.Now().Before(deadline) {
-					if w2.Leading() || !w.Leading() {
-						t.Fatalf("a-1 leading %v, a-2 leading %v: want a-1 only", w.Leading(), w2.Leading())
-					}
-					time.Sleep(100 * time.Millisecond) // poll interval
+				w2.Follow(notNamed)
+				if w2.Leading() || !w.Leading() {
+					t.Fatalf("a-1 writing %v, a-2 writing %v: want a-1 only", w.Leading(), w2.Leading())
 				}
 				if n := rec2.count("prod"); n != 0 || w2.passes.Load() != 0 {
-					t.Errorf("a-2 wrote %d times (%d passes) without the Lease", n, w2.passes.Load())
+					t.Errorf("a-2 wrote %d times (%d passes) while its plan named a-1", n, w2.passes.Load())
 				}
-				lease, err := cs.CoordinationV1().Leases(ns).Get(ctx, LeaseName, metav1.GetOptions{})
-				if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "a-1" {
-					t.Fatalf("Lease %+v (%v), want held by a-1", lease.Spec, err)
-				}
-				// a-1 stops leading its segment: it releases the Lease, a-2
-				// takes it and writes what changed since.
-				nonLeader := f.world.Plan()
-				nonLeader.Leader = false
-				w.Follow(nonLeader)
+				// Leadership moves: a-1's plan names a-2, a-2's names
+				// itself; a-2 writes what changed since, a-1 stops.
+				w.Follow(notNamed)
 				f.world.set(func(wd *world) {
 					wd.plan.Rejections = []topology.Rejection{{Object: topology.ObjectRef{Kind: "Node", Cluster: "cluster-b", Name: "b-8"}, Reason: topology.ReasonNoPublicKey}}
 				})
 				w2.Follow(f.world.Plan())
-				waitFor(t, "a-2 leading", func() bool { return w2.Leading() && !w.Leading() })
+				if !w2.Leading() || w.Leading() {
+					t.Fatalf("a-1 writing %v, a-2 writing %v: want a-2 only", w.Leading(), w2.Leading())
+				}
 				waitFor(t, "a-2's write", func() bool {
 					cm, _ := f.stored(t, "prod")
 					return len(cm.Status.Clusters) == 1 && cm.Status.Clusters[0].SkippedNodes == 1 && rec2.count("prod") > 0
@@ -466,11 +459,7 @@ func TestWriter(t *testing.T) {
 				n1 := rec.count("prod")
 				pass(t, w2, f.world)
 				if rec.count("prod") != n1 {
-					t.Errorf("a-1 wrote after it released the Lease")
-				}
-				lease, err = cs.CoordinationV1().Leases(ns).Get(ctx, LeaseName, metav1.GetOptions{})
-				if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "a-2" {
-					t.Errorf("Lease %+v (%v), want held by a-2", lease.Spec, err)
+					t.Errorf("a-1 wrote after its plan named a-2")
 				}
 				cm, st := f.stored(t, "prod")
 				if sent := rec2.lastSent(t, "prod"); !reflect.DeepEqual(sent, st) {
@@ -479,8 +468,10 @@ func TestWriter(t *testing.T) {
 				if got := len(cm.Status.Clusters) == 1 && cm.Status.Clusters[0].Nodes == 3; got != tc.meshletFields {
 					t.Errorf("cluster-b's 3 nodes stored: %v, want %v", got, tc.meshletFields)
 				}
-				w2.Follow(nonLeader)
-				waitFor(t, "a-2 released the Lease", func() bool { return !w2.Leading() })
+				w2.Follow(notNamed)
+				if w2.Leading() {
+					t.Errorf("a-2 still writing after its plan named another node")
+				}
 			})
 		})
 	}
@@ -496,7 +487,7 @@ func buildStatus(w *Writer, cm *clustermesh.ClusterMesh) clustermesh.ClusterMesh
 }
 
 // deleteCRD deletes the ClusterMesh CRD (and so every ClusterMesh) and waits
-// until it is gone, and the Lease, for the next CRD.
+// until it is gone, for the next CRD.
 func deleteCRD(t *testing.T, cfg *rest.Config) {
 	t.Helper()
 	ctx := context.Background()
@@ -508,8 +499,4 @@ func deleteCRD(t *testing.T, cfg *rest.Config) {
 		_, err := crds.Get(ctx, clustermesh.CRDName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	err := kubernetes.NewForConfigOrDie(cfg).CoordinationV1().Leases(ns).Delete(ctx, LeaseName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		t.Fatal(err)
-	}
 }

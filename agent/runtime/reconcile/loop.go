@@ -381,54 +381,64 @@ func (l *Loop) Run(ctx context.Context) error {
 }
 
 // RunOnce computes and applies one plan. first is the time the oldest
-// change behind this run was seen (zero when unknown).
+// change behind this run was seen (zero when unknown). The flow is
+// straight: compute, write the data plane, publish, let the followers
+// (remote watchers, ClusterMesh status, the Lease, Events) act on the
+// plan, record.
 func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	l.init()
 	start := l.Clock.Now()
 	var planned *topology.Plan
-	defer func() {
-		if planned != nil {
-			r := Run{Plan: *planned, At: start, Duration: l.Clock.Since(start)}
-			if err != nil {
-				r.Error = err.Error()
-			}
-			l.last.Store(&r)
-		}
-		result := "success"
-		if err != nil {
-			result = "error"
-			msg := err.Error()
-			l.lastErr.Store(&msg)
-			l.ready.Store(false)
-		} else {
-			empty := ""
-			l.lastErr.Store(&empty)
-		}
-		if l.Metrics != nil {
-			l.Metrics.Reconciles.WithLabelValues(result).Inc()
-			l.Metrics.ReconcileDuration.Observe(l.Clock.Since(start).Seconds())
-		}
-	}()
+	defer func() { l.finish(start, planned, err) }()
+	plan, kubeconfigs, err := l.compute(ctx)
+	if err != nil {
+		return err
+	}
+	planned = &plan
+
+	wgChanges, hostChanges, errs := l.applyDataPlane(ctx, plan, first)
+	patched, err := l.Publisher.Publish(ctx, plan.Annotations)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("publishing annotations: %w", err))
+	}
+	errs = append(errs, l.follow(ctx, plan, kubeconfigs, len(errs) == 0, start)...)
+	if changed := l.record(plan, wgChanges, hostChanges, patched); changed > 0 {
+		l.Log.Info("applied plan", "leader", plan.Leader, "segment", plan.Segment,
+			"peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "wireguard", map[string]int(wgChanges),
+			"host", map[string]int(hostChanges), "annotations", patched)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	l.ready.Store(true)
+	return nil
+}
+
+// compute reads the node's facts and the snapshot and plans.
+func (l *Loop) compute(ctx context.Context) (topology.Plan, []clustermesh.Kubeconfig, error) {
 	if !l.Snapshots.Synced() {
-		return errors.New("caches not synced yet")
+		return topology.Plan{}, nil, errors.New("caches not synced yet")
 	}
 	self, err := l.Self.Self(ctx)
 	if err != nil {
-		return fmt.Errorf("reading this node's facts: %w", err)
+		return topology.Plan{}, nil, fmt.Errorf("reading this node's facts: %w", err)
 	}
 	self.Name = l.Node
 	snap, kubeconfigs := l.Snapshots.Snapshot()
 	snap.Now = l.Clock.Now()
 	snap.Settings = l.Settings
 	plan := planner.Compute(snap, self)
-	planned = &plan
 	if next := planner.NextChange(snap, self); next.IsZero() {
 		l.nextChange.Store(0)
 	} else {
 		l.nextChange.Store(next.UnixNano())
 	}
+	return plan, kubeconfigs, nil
+}
 
-	var errs []error
+// applyDataPlane writes the device, the sessions' actions and the host,
+// and starts handshakes once all of it is written.
+func (l *Loop) applyDataPlane(ctx context.Context, plan topology.Plan, first time.Time) (wgChanges, hostChanges Changes, errs []error) {
 	wgChanges, err := l.WireGuard.Apply(ctx, plan.WireGuard)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("applying WireGuard device: %w", err))
@@ -438,24 +448,29 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	if err := l.WireGuard.ActOnSessions(ctx, plan.Sessions); err != nil {
 		errs = append(errs, fmt.Errorf("acting on WireGuard sessions: %w", err))
 	}
-	hostChanges, err := l.Host.Apply(ctx, plan)
+	hostChanges, err = l.Host.Apply(ctx, plan)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("applying host network: %w", err))
 	}
-	if len(errs) == 0 && !first.IsZero() && l.Metrics != nil {
+	if len(errs) > 0 {
+		return wgChanges, hostChanges, errs
+	}
+	if !first.IsZero() && l.Metrics != nil {
 		// From the watch event to the data plane written; publishing the
 		// annotations and reporting come after and are not part of it.
 		l.Metrics.Convergence.Observe(l.Clock.Since(first).Seconds())
 	}
-	if len(errs) == 0 {
-		if _, err := l.WireGuard.InitiateHandshakes(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("starting WireGuard handshakes: %w", err))
-		}
+	if _, err := l.WireGuard.InitiateHandshakes(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("starting WireGuard handshakes: %w", err))
 	}
-	patched, err := l.Publisher.Publish(ctx, plan.Annotations)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("publishing annotations: %w", err))
-	}
+	return wgChanges, hostChanges, errs
+}
+
+// follow hands the plan to what acts on it beside the data plane: leader
+// marks, remote watchers, ClusterMesh status, the Lease (told whether the
+// run so far succeeded), Events and the per-peer metric labels.
+func (l *Loop) follow(ctx context.Context, plan topology.Plan, kubeconfigs []clustermesh.Kubeconfig, ok bool, start time.Time) []error {
+	var errs []error
 	if ld := plan.Leadership; ld != nil && len(ld.Unmark) > 0 {
 		n, err := l.Publisher.Unmark(ctx, ld.Unmark)
 		if err != nil {
@@ -472,7 +487,7 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 		l.MeshStatus.Follow(plan)
 	}
 	if l.Leadership != nil {
-		if err := l.Leadership.Follow(ctx, plan, len(errs) == 0, start); err != nil {
+		if err := l.Leadership.Follow(ctx, plan, ok && len(errs) == 0, start); err != nil {
 			errs = append(errs, fmt.Errorf("leadership: %w", err))
 		}
 	}
@@ -482,16 +497,32 @@ func (l *Loop) RunOnce(ctx context.Context, first time.Time) (err error) {
 	if l.PeerLabels != nil {
 		l.PeerLabels.SetPeers(plan.WireGuard.Peers)
 	}
-	if changed := l.record(plan, wgChanges, hostChanges, patched); changed > 0 {
-		l.Log.Info("applied plan", "leader", plan.Leader, "segment", plan.Segment,
-			"peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "wireguard", map[string]int(wgChanges),
-			"host", map[string]int(hostChanges), "annotations", patched)
+	return errs
+}
+
+// finish records a run's outcome: the last plan, readiness, metrics.
+func (l *Loop) finish(start time.Time, planned *topology.Plan, err error) {
+	if planned != nil {
+		r := Run{Plan: *planned, At: start, Duration: l.Clock.Since(start)}
+		if err != nil {
+			r.Error = err.Error()
+		}
+		l.last.Store(&r)
 	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
+	result := "success"
+	if err != nil {
+		result = "error"
+		msg := err.Error()
+		l.lastErr.Store(&msg)
+		l.ready.Store(false)
+	} else {
+		empty := ""
+		l.lastErr.Store(&empty)
 	}
-	l.ready.Store(true)
-	return nil
+	if l.Metrics != nil {
+		l.Metrics.Reconciles.WithLabelValues(result).Inc()
+		l.Metrics.ReconcileDuration.Observe(l.Clock.Since(start).Seconds())
+	}
 }
 
 func (l *Loop) record(plan topology.Plan, wg, host Changes, patched bool) int {

@@ -252,7 +252,7 @@ func tryAgentIn(t *testing.T, cfg *rest.Config, namespace string) (*runner.Agent
 		t.Fatal(err)
 	}
 	return runner.New(runner.Options{Config: c, Node: "a-1", RestConfig: cfg, WireGuard: newFakeWG(), Host: fakeHost{},
-		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
+		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0", Version: "v1",
 			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 }

@@ -44,7 +44,7 @@ func TestListenerAsKgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, err := runner.New(runner.Options{Config: c, Node: "a-1", RestConfig: srv.AdminConfig(), WireGuard: newFakeWG(), Host: fakeHost{},
-		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0",
+		Self: fakeSelf{topology.Self{PublicKey: key(1), DefaultInterface: "eth0", Version: "v1",
 			Addresses: []topology.HostAddress{{Interface: "eth0", Prefix: netip.MustParsePrefix("192.168.1.1/24")}}}},
 		Version: "v9.8.7", Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {

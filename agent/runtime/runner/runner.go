@@ -223,8 +223,7 @@ func New(o Options) (*Agent, error) {
 		if err != nil {
 			return nil, err
 		}
-		ms = &meshstatus.Writer{Client: leases, Kilo: kiloREST, Namespace: o.Config.Namespace, Identity: o.Node,
-			ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log, Now: o.Clock.Now,
+		ms = &meshstatus.Writer{Kilo: kiloREST, ClusterName: o.Config.ClusterName, Meshes: local.Meshes, Remotes: remotes.Status, Log: o.Log, Now: o.Clock.Now,
 			NoCRD: !o.Grants.On(grants.ClusterMeshStatusSchema)}
 		loop.MeshStatus = ms
 	}

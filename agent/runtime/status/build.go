@@ -64,7 +64,7 @@ func Build(in Input) Status {
 		Node: in.Node, Cluster: in.Cluster, Version: in.Version, At: in.Now,
 		Segment: plan.Segment, Location: plan.Location, WireGuardIP: plan.WireGuardIP, PrivateIP: plan.PrivateIP,
 		Endpoint: plan.Endpoint, Routes: plan.Routes, Rules: plan.Rules, Rejections: plan.Rejections,
-		Drift: in.Drift, Peers: []Peer{}, FeaturesOff: in.FeaturesOff,
+		Drift: in.Drift, Peers: []Peer{}, FeaturesOff: in.FeaturesOff, ClusterMeshStatusWriter: plan.StatusWriter,
 		LastRun: Run{At: in.Run.At, Duration: in.Run.Duration, Error: in.Run.Error, Ready: in.Ready},
 		Device:  Device{Interface: in.Device.Interface, Type: in.Device.Type, ListenPort: in.Device.ListenPort, MTU: plan.WireGuard.MTU},
 	}

@@ -43,6 +43,9 @@ type Status struct {
 	LastRun    Run                  `json:"lastReconcile"`
 	Remotes    []Remote             `json:"remotes,omitempty"`
 	Rejections []topology.Rejection `json:"rejections,omitempty"`
+	// ClusterMeshStatusWriter: this agent writes the status of the
+	// cluster's ClusterMeshes (the plan names it; docs/clustermesh.md#status).
+	ClusterMeshStatusWriter bool `json:"clusterMeshStatusWriter,omitempty"`
 	// Leadership is the location's Lease as this agent sees it and what
 	// the last plan decided of it (absent without Leases).
 	Leadership *Leadership `json:"leadership,omitempty"`
@@ -134,6 +137,9 @@ func Print(w io.Writer, s Status) error {
 	role := s.Role
 	if s.Role == "leader" {
 		role += " with " + s.WireGuardIP.String()
+	}
+	if s.ClusterMeshStatusWriter {
+		role += ", writes the ClusterMesh status"
 	}
 	fmt.Fprintf(tw, "Role: %s, segment %s, private IP %s, endpoint %s\n", role, orDash(s.Segment), prefix(s.PrivateIP), orDash(s.Endpoint))
 	dev := fmt.Sprintf("Device %s: %s, listen port %d, MTU %d, public key %s", s.Device.Interface, orDash(s.Device.Type), s.Device.ListenPort, s.Device.MTU, s.Device.PublicKey)

@@ -70,6 +70,7 @@ var agentSteps = []string{
 	"route-restored-by-watch",
 	"return-rule-needed",
 	"leader-restart-session-kept",
+	"rolling-restart-under-ping",
 	"leader-power-off-failover",
 	"agents-stopped-dataplane-kept",
 }
@@ -588,6 +589,50 @@ func checkSteady(ctx context.Context) error {
 }
 
 // runAgentMode is `guest run` in agent mode.
+// rollingRestart replaces the leader's agent as a rolling update of the
+// DaemonSet replaces its pod (SIGTERM, then a new process) while the
+// worker's pod pings the remote pod through the leader ten times a second:
+// kilo0 is the kernel's and outlives the process, so no ping may be lost,
+// and the new agent changes no peer.
+func rollingRestart(ctx context.Context, d *agentDriver, ps map[string]topology.Plan) error {
+	var down time.Duration
+	sent, lost, err := pingDuring(ctx, podNS(workerNode), remoteNode.Pod.String(), func() error {
+		// A reply first, so the window starts with traffic flowing.
+		if err := pingAll(ctx, podNS(workerNode), remoteNode.Pod.String(), 1); err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := d.stop(ctx, leaderNode); err != nil {
+			return err
+		}
+		if err := d.start(leaderNode); err != nil {
+			return err
+		}
+		if err := d.waitReady(ctx, leaderNode, 60*time.Second); err != nil {
+			return err
+		}
+		down = time.Since(start)
+		return checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name])
+	})
+	if err != nil {
+		return err
+	}
+	// The new process's counter: it starts at 0.
+	after, err := metric(ctx, leaderNode, "meshlet_dataplane_changes_total", `object="peer"`)
+	if err != nil {
+		return err
+	}
+	info("rolling restart of the leader's agent under a 10/s pod ping worker -> remote: %d sent, %d lost; old agent stopped to new one ready %s; peer changes by the new agent %v",
+		sent, lost, down.Round(time.Millisecond), after)
+	switch {
+	case lost > 0:
+		return fmt.Errorf("%d of %d pings lost across the agent's restart, want 0 (kilo0 outlives the process)", lost, sent)
+	case after != 0:
+		return fmt.Errorf("the new agent changed %v WireGuard peers, want 0", after)
+	}
+	return leaseHolder(ctx, leaderNode)
+}
+
 func runAgentMode() int {
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
 	defer cancel()
@@ -760,6 +805,8 @@ func runAgentMode() int {
 		}
 		return pingAll(ctx, workerNode.Name, remotePod, 2)
 	})
+
+	r.step("rolling-restart-under-ping", func() error { return rollingRestart(ctx, d, ps) })
 
 	// After the power-off the worker leads location a: the plans of the
 	// same scenario with the Lease's mark on worker.

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -641,4 +644,45 @@ func checkReturnRuleNeeded(ctx context.Context, remotePod string) error {
 	}
 	info("without the rule the requests still went out kilo0 and no reply came back")
 	return nil
+}
+
+// pingSeq is one reply line of busybox ping.
+var pingSeq = regexp.MustCompile(`seq=(\d+) `)
+
+// pingDuring pings dst from namespace ns ten times a second while fn runs
+// and returns how many pings were sent and how many of them got no reply.
+// The ping still in flight when fn returns (sent within a round trip of
+// the interrupt) is not counted as lost: it is the last sequence number,
+// and only earlier gaps are.
+func pingDuring(ctx context.Context, ns, dst string, fn func() error) (sent, lost int, err error) {
+	cmd := exec.CommandContext(ctx, ipBin, "netns", "exec", ns, busybox, "ping", "-i", "0.1", "-W", "1", dst)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return 0, 0, fmt.Errorf("ping %s from %s: %w", dst, ns, err)
+	}
+	ferr := fn()
+	// ip netns exec execs ping: the interrupt reaches it, and it prints
+	// its statistics.
+	_ = cmd.Process.Signal(os.Interrupt)
+	_ = cmd.Wait()
+	if ferr != nil {
+		return 0, 0, ferr
+	}
+	m := pingStats.FindStringSubmatch(out.String())
+	if m == nil {
+		return 0, 0, fmt.Errorf("ping %s from %s: no statistics: %s", dst, ns, out.String())
+	}
+	sent, _ = strconv.Atoi(m[1])
+	answered := map[int]bool{}
+	for _, s := range pingSeq.FindAllStringSubmatch(out.String(), -1) {
+		n, _ := strconv.Atoi(s[1])
+		answered[n] = true
+	}
+	for seq := 0; seq < sent-1; seq++ {
+		if !answered[seq] {
+			lost++
+		}
+	}
+	return sent, lost, nil
 }
