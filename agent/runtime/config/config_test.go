@@ -108,6 +108,10 @@ func TestInvalidFlags(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want one naming %s", err, tc.want)
 			}
+			// Each rule stands alone: one bad value, one problem.
+			if lines := strings.Split(err.Error(), "\n"); len(lines) != 1 {
+				t.Errorf("%d problems for one bad value: %v", len(lines), err)
+			}
 		})
 	}
 }
