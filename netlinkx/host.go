@@ -48,8 +48,9 @@ type Options struct {
 	// has passed since it last did (default 30 s, Kilo's resync period), for
 	// what no event reports: iptables, policy rules, sysctls.
 	Recheck time.Duration
-	// Clock times Recheck (nil: the real clock).
-	Clock clock.PassiveClock
+	// Clock times Recheck and the watch's back-off before it subscribes
+	// again (nil: the real clock; the agent passes its one clock).
+	Clock clock.Clock
 }
 
 // DefaultRecheck is Options.Recheck's default.
@@ -67,7 +68,7 @@ type Host struct {
 	// or it failed since); see upToDate.
 	applied *verified
 	recheck time.Duration
-	clock   clock.PassiveClock
+	clock   clock.Clock
 
 	// events counts the netlink events Watch received, any route, link or
 	// address change in the namespace; watched says a subscription is live,

@@ -462,7 +462,7 @@ func TestApplyKeepsWhatItVerified(t *testing.T) {
 	ns := newTestNS(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	clk := clocktesting.NewFakePassiveClock(time.Now())
+	clk := clocktesting.NewFakeClock(time.Now())
 	h, err := New(Options{NetNSPath: "/run/netns/" + ns.name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clk})
 	if err != nil {
 		t.Fatal(err)

@@ -70,7 +70,7 @@ func (h *Host) Watch(ctx context.Context, iface string) (<-chan struct{}, error)
 				select {
 				case <-ctx.Done():
 					return
-				case <-time.After(100 * time.Millisecond):
+				case <-h.clock.After(100 * time.Millisecond):
 				}
 				if sub, err = h.subscribe(); err == nil {
 					h.events.Add(1)

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/meshlet/meshlet/netlinkx"
 )
 
@@ -12,14 +14,14 @@ import (
 // (docs/migration.md: the KILO-* chains and the jumps to them),
 // once, after meshlet's first successful reconcile has put its own chains
 // in place, so that no packet goes un-masqueraded in between.
-func cleanupKiloWhenReady(ctx context.Context, ready func() bool, host *netlinkx.Host, log *slog.Logger) {
-	tick := time.NewTicker(200 * time.Millisecond)
+func cleanupKiloWhenReady(ctx context.Context, clk clock.WithTicker, ready func() bool, host *netlinkx.Host, log *slog.Logger) {
+	tick := clk.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for !ready() {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 	rep, err := host.CleanupKilo(ctx)

@@ -250,7 +250,7 @@ func runAgent(ctx context.Context, cfg config.Config, iptBackend, userspaceDevic
 		}
 	}
 	running = true
-	go cleanupKiloWhenReady(ctx, agent.Loop.Ready, host, log)
+	go cleanupKiloWhenReady(ctx, clk, agent.Loop.Ready, host, log)
 	err = agent.Run(ctx)
 	if !cfg.CleanUp {
 		// SIGTERM: the data plane stays as it is; the next meshlet adopts it.
