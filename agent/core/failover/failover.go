@@ -279,7 +279,7 @@ func Decide(in Input) Decision {
 	if in.Lease == nil {
 		return Decision{}
 	}
-	d := &decision{in: in, lease: in.Lease, l: &topology.Leadership{Holder: in.Lease.Holder}}
+	d := &decision{in: in, set: topology.Defaults(in.Settings), lease: in.Lease, l: &topology.Leadership{Holder: in.Lease.Holder}}
 	out := Decision{Leadership: d.l}
 	if in.Segment == nil || in.SelfNode == nil {
 		// Not in the mesh (not Ready in Kilo's sense): it may still hold
@@ -309,6 +309,7 @@ func Decide(in Input) Decision {
 // decision is Decide's state between its steps.
 type decision struct {
 	in    Input
+	set   topology.Settings // in.Settings with Kilo's defaults
 	lease *topology.LeaseState
 	l     *topology.Leadership
 	// failing: degraded for StepAsideAfter; unfit: failing, cooling down
@@ -331,7 +332,7 @@ func (d *decision) cooling(name string) bool {
 // own segment).
 func (d *decision) locate() {
 	l := d.l
-	set := topology.Defaults(d.in.Settings)
+	set := d.set
 	l.Location = topology.NodeLocation(*d.in.SelfNode, set)
 	l.Lease = LeaseName(l.Location)
 	if d.in.Segment.Key != topology.LocationSegment(l.Location) {
@@ -366,7 +367,7 @@ func (d *decision) govern() bool {
 	for i, n := range seg.Nodes {
 		nodes[i] = *n
 	}
-	l.Governed, l.Why = Governance(nodes, topology.Defaults(d.in.Settings))
+	l.Governed, l.Why = Governance(nodes, d.set)
 	if l.Lease == "" && l.Governed {
 		l.Governed, l.Why = false, "no private IP: the node is its own segment"
 	}
