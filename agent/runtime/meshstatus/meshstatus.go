@@ -61,7 +61,6 @@ type Writer struct {
 	rejections []topology.Rejection
 	leaders    map[string]int // remote leaders peered, by mesh and cluster (leadersKey)
 	wake       chan struct{}
-	leading    bool
 	foreign    map[string]bool     // meshes whose status another manager owns
 	schema     *clustermesh.Schema // of status in the installed CRD; nil until read
 	passes     atomic.Int64        // writeAll runs (tests)
@@ -99,13 +98,11 @@ func (w *Writer) Follow(plan topology.Plan) {
 	case plan.StatusWriter && w.cancel == nil:
 		ctx, cancel := context.WithCancel(w.ctx)
 		w.cancel = cancel
-		w.leading = true
 		w.Log.Info("ClusterMesh status writer", "leading", true)
 		go w.lead(ctx)
 	case !plan.StatusWriter && w.cancel != nil:
 		w.cancel()
 		w.cancel = nil
-		w.leading = false
 		w.Log.Info("ClusterMesh status writer", "leading", false)
 	}
 	select {
@@ -118,7 +115,7 @@ func (w *Writer) Follow(plan topology.Plan) {
 func (w *Writer) Leading() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.leading
+	return w.cancel != nil
 }
 
 // lead writes while the plan names this node: at once, then at every
