@@ -337,10 +337,17 @@ func (n *Node) kgSelf(pub string) (topology.Self, error) {
 }
 
 func (k *Kg) apply(ctx context.Context, local *cluster.Local, refresh bool) error {
+	st := local.State(k.n.Cluster.Name)
+	snap := topology.Snapshot{Now: time.Now(), Nodes: st.Nodes, Peers: st.Peers, Settings: k.n.Cluster.KgSettings()}
+	return k.applySnapshot(ctx, snap, refresh)
+}
+
+// applySnapshot is one pass of kg's applyTopology on what it read: Kilo's
+// annotations published (last-seen with them when refresh), and, once its
+// own node is Ready as it published it, the device, address and routes.
+func (k *Kg) applySnapshot(ctx context.Context, snap topology.Snapshot, refresh bool) error {
 	n, c := k.n, k.n.Cluster
-	st := local.State(c.Name)
-	now := time.Now()
-	snap := topology.Snapshot{Now: now, Nodes: st.Nodes, Peers: st.Peers, Settings: c.KgSettings()}
+	now := snap.Now
 	self, err := n.kgSelf(k.pub)
 	if err != nil {
 		return err
@@ -377,9 +384,9 @@ func (k *Kg) apply(ctx context.Context, local *cluster.Local, refresh bool) erro
 	// kg does nothing with the topology until its own node is Ready as it
 	// published it.
 	var me *topology.Node
-	for i := range st.Nodes {
-		if st.Nodes[i].Name == n.Name {
-			me = &st.Nodes[i]
+	for i := range snap.Nodes {
+		if snap.Nodes[i].Name == n.Name {
+			me = &snap.Nodes[i]
 		}
 	}
 	if me == nil || me.PublicKey.String() != k.pub || topology.NotReady(*me, now) != nil || pl.Segment == "" {

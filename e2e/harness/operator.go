@@ -25,7 +25,6 @@ import (
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/kilo"
-	"github.com/meshlet/meshlet/agent/core/planner"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/agent/runtime/cluster"
 	"github.com/meshlet/meshlet/wg"
@@ -381,10 +380,10 @@ func (n *Node) RunKgOperator(ctx context.Context, o KgOptions) (*Kg, error) {
 	return k, nil
 }
 
-// applyAllPeers is Kg.apply on the cluster as listed now, with the
+// applyAllPeers is Kg.applySnapshot on the cluster as listed now, with the
 // operator's labels dropped from the Peers (kg does not read labels).
 func (k *Kg) applyAllPeers(ctx context.Context, rc rest.Interface, refresh bool) error {
-	n, c := k.n, k.n.Cluster
+	c := k.n.Cluster
 	var objs cluster.Objects
 	nodes, err := c.Admin.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -406,65 +405,9 @@ func (k *Kg) applyAllPeers(ctx context.Context, rc rest.Interface, refresh bool)
 		}
 		objs.Peers = append(objs.Peers, p)
 	}
-	now := time.Now()
 	snap := cluster.Snapshot(objs, nil, c.Name)
-	snap.Meshes, snap.Now, snap.Settings = nil, now, c.KgSettings()
-	self, err := n.kgSelf(k.pub)
-	if err != nil {
-		return err
-	}
-	pl := planner.Compute(snap, self)
-	// What kg publishes: Kilo's annotations only (as Kg.apply).
-	want := map[string]string{}
-	for key, v := range pl.Annotations {
-		if strings.HasPrefix(key, "meshlet.io/") || key == topology.AnnotationLastSeen {
-			continue
-		}
-		want[key] = v
-	}
-	k.mu.Lock()
-	same := len(want) == len(k.pubd)
-	for key, v := range want {
-		same = same && k.pubd[key] == v
-	}
-	k.mu.Unlock()
-	if !same || refresh {
-		patch := map[string]*string{}
-		for key, v := range want {
-			patch[key] = &v
-		}
-		ls := strconv.FormatInt(now.Unix(), 10)
-		patch[topology.AnnotationLastSeen] = &ls
-		if err := c.PatchNodeAnnotations(ctx, n.Name, patch); err != nil {
-			return err
-		}
-		k.mu.Lock()
-		k.pubd = want
-		k.mu.Unlock()
-	}
-	var me *topology.Node
-	for i := range snap.Nodes {
-		if snap.Nodes[i].Name == n.Name {
-			me = &snap.Nodes[i]
-		}
-	}
-	if me == nil || me.PublicKey.String() != k.pub || topology.NotReady(*me, now) != nil || pl.Segment == "" {
-		return nil
-	}
-	if pl.Leader {
-		if err := k.setAddress(ctx, pl.WireGuardIP); err != nil {
-			return err
-		}
-		if err := k.configure(pl, me.PersistentKeepalive); err != nil {
-			return err
-		}
-		if err := ipn(ctx, n.NS, "link", "set", Iface, "up"); err != nil {
-			return err
-		}
-	} else if err := ipn(ctx, n.NS, "link", "set", Iface, "down"); err != nil {
-		return err
-	}
-	return k.setRoutes(ctx, pl)
+	snap.Meshes, snap.Now, snap.Settings = nil, time.Now(), c.KgSettings()
+	return k.applySnapshot(ctx, snap, refresh)
 }
 
 func sortedKeys(m map[string]int) []string {

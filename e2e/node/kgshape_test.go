@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,6 +54,21 @@ type kgShape struct {
 	// ClusterMesh and the uninstall check on. Without them the agents run
 	// under kg's ClusterRole alone, and diagnose says what is off.
 	addon bool
+	// helm: installed as Cozystack installs it, a Helm release "kilo" of
+	// a chart whose templates are the manifest and Kilo's Peer CRD, the
+	// image from values kilo.image.repository and kilo.image.tag; the
+	// image changed with `helm upgrade --reuse-values --set
+	// kilo.image.tag=…` (what setting the Package's values does), removed
+	// with `helm uninstall`.
+	helm bool
+	// kubePrism: the kubeconfig Cozystack's ConfigMap holds on Talos, the
+	// API server at KubePrism's https://127.0.0.1:7445 (Lane.KubePrism on
+	// every node).
+	kubePrism bool
+	// heterogeneous: kilo-k3s-userspace-heterogeneous's two DaemonSets
+	// (daemonSets); dsName and nodeSelector are set on each.
+	heterogeneous        bool
+	dsName, nodeSelector string
 	// prepare sets the nodes up as the shape's CNI would (flannel.1).
 	prepare func(ctx context.Context, l *Lane) error
 	// skip, when not "", is why the shape cannot run here.
@@ -125,21 +141,52 @@ kind: ClusterRoleBinding
 metadata: {name: kilo}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: kilo}
 subjects: [{kind: ServiceAccount, name: kilo, namespace: %[1]s}]
----
+`, ns)
+	for _, d := range s.daemonSets() {
+		d.daemonSet(&b, image)
+	}
+	return b.String()
+}
+
+// daemonSets are the shape's DaemonSets: one, or kilo-k3s-userspace-
+// heterogeneous's two — kilo on the nodes nkml labels
+// nkml.squat.ai/wireguard=true (kernel WireGuard), kilo-userspace with
+// the userspace device in a sidecar on the others.
+func (s kgShape) daemonSets() []kgShape {
+	if !s.heterogeneous {
+		return []kgShape{s}
+	}
+	kernel, user := s, s
+	kernel.dsName, kernel.nodeSelector, kernel.args = "kilo", "true", []string{"--interface=kilo0"}
+	user.dsName, user.nodeSelector, user.args, user.sidecar = "kilo-userspace", "false", []string{"--create-interface=false", "--interface=kilo0"}, true
+	return []kgShape{kernel, user}
+}
+
+// daemonSet writes one DaemonSet of the shape.
+func (s kgShape) daemonSet(b *strings.Builder, image string) {
+	name := s.dsName
+	if name == "" {
+		name = "kilo"
+	}
+	selector := ""
+	if s.nodeSelector != "" {
+		selector = fmt.Sprintf("      nodeSelector: {nkml.squat.ai/wireguard: %q}\n", s.nodeSelector)
+	}
+	fmt.Fprintf(b, `---
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
-  name: kilo
+  name: %[4]s
   namespace: %[1]s
-  labels: {app.kubernetes.io/name: kilo, app.kubernetes.io/part-of: kilo}
+  labels: {app.kubernetes.io/name: %[4]s, app.kubernetes.io/part-of: kilo}
 spec:
   selector:
-    matchLabels: {app.kubernetes.io/name: kilo, app.kubernetes.io/part-of: kilo}
+    matchLabels: {app.kubernetes.io/name: %[4]s, app.kubernetes.io/part-of: kilo}
   template:
     metadata:
-      labels: {app.kubernetes.io/name: kilo, app.kubernetes.io/part-of: kilo}
+      labels: {app.kubernetes.io/name: %[4]s, app.kubernetes.io/part-of: kilo}
     spec:
-      serviceAccountName: kilo
+%[5]s      serviceAccountName: kilo
       hostNetwork: true
       containers:
 %[3]s      - name: kilo
@@ -147,15 +194,15 @@ spec:
         args:
         - --kubeconfig=/etc/kubernetes/kubeconfig
         - --hostname=$(NODE_NAME)
-`, ns, image, s.sidecarContainer())
+`, s.namespace, image, s.sidecarContainer(), name, selector)
 	for _, a := range s.args {
-		fmt.Fprintf(&b, "        - %s\n", a)
+		fmt.Fprintf(b, "        - %s\n", a)
 	}
 	kubeMount := "{name: kubeconfig, mountPath: /etc/kubernetes, readOnly: true}"
 	if s.subPath && !s.k3s {
 		kubeMount = fmt.Sprintf("{name: kubeconfig, mountPath: /etc/kubernetes/kubeconfig, subPath: %s, readOnly: true}", s.kubeconfigKey)
 	}
-	fmt.Fprintf(&b, `        env:
+	fmt.Fprintf(b, `        env:
         - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
         - {name: NODE_IP, valueFrom: {fieldRef: {fieldPath: status.hostIP}}}
         ports: [{containerPort: 1107, name: metrics}]
@@ -177,7 +224,7 @@ spec:
 		b.WriteString("      initContainers:\n")
 	}
 	if s.k3s {
-		fmt.Fprintf(&b, `      - name: generate-kubeconfig
+		fmt.Fprintf(b, `      - name: generate-kubeconfig
         image: %s
         command: [/bin/sh]
         args: [/scripts/init.sh]
@@ -190,7 +237,7 @@ spec:
 `, image)
 	}
 	if s.cni {
-		fmt.Fprintf(&b, `      - name: install-cni
+		fmt.Fprintf(b, `      - name: install-cni
         image: %s
         command: [/bin/sh, -c, '%s']
         env:
@@ -201,7 +248,7 @@ spec:
         - {name: cni-conf-dir, mountPath: /host/etc/cni/net.d}
 `, image, installCNI)
 	}
-	fmt.Fprintf(&b, `      tolerations:
+	fmt.Fprintf(b, `      tolerations:
       - {effect: NoSchedule, operator: Exists}
       - {effect: NoExecute, operator: Exists}
       volumes:
@@ -215,7 +262,7 @@ spec:
       - {name: k3s-agent, hostPath: {path: /var/lib/rancher/k3s/agent}}
 `)
 	} else {
-		fmt.Fprintf(&b, "      - {name: kubeconfig, configMap: {name: %s}}\n", s.kubeconfigCM)
+		fmt.Fprintf(b, "      - {name: kubeconfig, configMap: {name: %s}}\n", s.kubeconfigCM)
 	}
 	if s.sidecar {
 		b.WriteString("      - {name: wireguard, hostPath: {path: /var/run/wireguard}}\n")
@@ -225,7 +272,6 @@ spec:
       - {name: cni-conf-dir, hostPath: {path: /etc/cni/net.d}}
 `)
 	}
-	return b.String()
 }
 
 // sidecarContainer is the userspace manifests' wireguard container, the
@@ -294,16 +340,111 @@ contexts:
 current-context: default
 `
 
+// kubePrismKubeconfig is Cozystack's ConfigMap kubeconfig-in-cluster
+// (packages/system/kilo/templates/configmap.yaml) as it ships: KubePrism's
+// address, the pod's ServiceAccount CA and token.
+const kubePrismKubeconfig = `apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+    server: https://127.0.0.1:7445
+  name: local
+contexts:
+- context:
+    cluster: local
+    user: service-account
+  name: local
+current-context: local
+kind: Config
+users:
+- name: service-account
+  user:
+    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+`
+
+// subnet is the shape's WireGuard subnet (--subnet, kg's default else).
+func (s kgShape) subnet() string {
+	for _, a := range s.args {
+		if v, ok := strings.CutPrefix(a, "--subnet="); ok {
+			return v
+		}
+	}
+	return "10.4.0.0/16"
+}
+
+// flannel says whether the shape runs beside flannel (flannel.1 carries the
+// traffic inside a location).
+func (s kgShape) flannel() bool {
+	for _, a := range s.args {
+		if a == "--compatibility=flannel" {
+			return true
+		}
+	}
+	return false
+}
+
+// chart writes the shape as a Helm chart into dir, as Cozystack's kilo
+// package is one: the manifest with the image from values, and Kilo's Peer
+// CRD as a template of the same release (so it is Helm's, and goes with
+// the release).
+func (s kgShape) chart(dir, kubeconfig string, peerCRD []byte) error {
+	files := map[string]string{
+		"Chart.yaml":               "apiVersion: v2\nname: kilo\nversion: 0.0.0\n",
+		"values.yaml":              "kilo:\n  image:\n    repository: ghcr.io/cozystack/cozystack/kilo\n    tag: v0.8.0\n",
+		"templates/kilo.yaml":      s.manifest("{{ .Values.kilo.image.repository }}:{{ .Values.kilo.image.tag }}", kubeconfig),
+		"templates/crd-peers.yaml": string(peerCRD),
+	}
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropinGrants is the add-on as docs/dropin.md says to apply it in the
+// DaemonSet's namespace ns: manifests/dropin with namespace: in
+// grants/kustomization.yaml set to ns (a copy, beside components/ it
+// refers to, under dir).
+func dropinGrants(t *testing.T, ns, dir string) string {
+	t.Helper()
+	src := filepath.Join(repoRoot(t), "manifests")
+	if ns == "kube-system" {
+		return filepath.Join(src, "dropin")
+	}
+	dst := filepath.Join(dir, "manifests-"+ns)
+	for _, d := range []string{"dropin", "components"} {
+		if err := os.CopyFS(filepath.Join(dst, d), os.DirFS(filepath.Join(src, d))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kf := filepath.Join(dst, "dropin", "grants", "kustomization.yaml")
+	k, err := os.ReadFile(kf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(k), "namespace: kube-system") {
+		t.Fatalf("%s: no namespace: kube-system to set", kf)
+	}
+	if err := os.WriteFile(kf, []byte(strings.Replace(string(k), "namespace: kube-system", "namespace: "+ns, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dst, "dropin")
+}
+
 // kgShapes are the shapes the lane runs, in this order: Kilo as the CNI
 // replaces the lane's own CNI configuration, so it runs last.
 func kgShapes() []kgShape {
 	return []kgShape{
 		{
-			name: "cozy-kilo (cilium)", namespace: "cozy-kilo",
-			kubeconfigCM: "kubeconfig-in-cluster", kubeconfigKey: "kubeconfig",
-			args: []string{"--cni=false", "--compatibility=cilium", "--encapsulate=crosssubnet", "--local=false",
-				"--mesh-granularity=cross", "--subnet=10.4.0.0/16", "--mtu=auto", "--internal-cidr=$(NODE_IP)/32",
-				"--clean-up-interface=true"},
+			name: "cozy-kilo (Cozystack's release, KubePrism) + meshlet's add-on grants", namespace: "cozy-kilo",
+			kubeconfigCM: "kubeconfig-in-cluster", kubeconfigKey: "kubeconfig", helm: true, kubePrism: true, addon: true,
+			args: []string{"--cni=false", "--clean-up-interface=false", "--compatibility=cilium", "--encapsulate=crosssubnet",
+				"--local=false", "--mesh-granularity=location", "--subnet=100.66.0.0/16", "--mtu=auto", "--internal-cidr=$(NODE_IP)/32"},
 		},
 		{
 			name: "kilo-kubeadm-flannel", namespace: "kube-system",
@@ -327,7 +468,32 @@ func kgShapes() []kgShape {
 			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true, cni: true,
 			prepare: withoutLaneCNI,
 		},
+		{
+			name: "kilo-kubeadm-userspace (Kilo as the CNI, wireguard-go sidecar)", namespace: "kube-system", sidecar: true, cni: true,
+			kubeconfigCM: "kube-proxy", kubeconfigKey: "kubeconfig.conf", subPath: true,
+			args: []string{"--create-interface=false", "--interface=kilo0"},
+		},
+		{
+			name: "kilo-k3s-userspace-heterogeneous (DaemonSets kilo and kilo-userspace, Kilo as the CNI)", namespace: "kube-system",
+			k3s: true, cni: true, heterogeneous: true, prepare: nkmlLabels,
+		},
 	}
+}
+
+// nkmlLabels labels the nodes as nkml (kilo-k3s-userspace-heterogeneous's
+// node labeller, whose image is not reachable here) does from whether the
+// wireguard module loads: node1 as having it, the others not, so each of
+// the shape's DaemonSets runs on a node. The kernel here has no WireGuard,
+// so the agent of DaemonSet kilo runs its device as a child, as it would on
+// a node nkml labelled wrongly. The k3s agent's files are the earlier k3s
+// shape's (k3sAgent).
+func nkmlLabels(ctx context.Context, l *Lane) error {
+	for i, n := range l.Nodes() {
+		if _, err := l.Kubectl(ctx, "label", "--overwrite", "node", n.Name, fmt.Sprintf("nkml.squat.ai/wireguard=%v", i == 0)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // k3sAgent writes on every node what Kilo's k3s init script reads from the
@@ -479,11 +645,9 @@ func TestKgShapes(t *testing.T) {
 		_, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
 		must("node patch", err)
 	}
-	// Kilo's Peer CRD (meshlet's copy is the same CRD); Cozystack's
-	// namespace, privileged as its platform namespaces are (the lane
-	// enforces baseline outside kube-system, as Talos does).
-	_, err = lane.Kubectl(ctx, "apply", "--server-side", "-f", filepath.Join(repoRoot(t), "manifests", "crds", "peers.kilo.squat.ai.yaml"))
-	must("Peer CRD", err)
+	// Cozystack's namespace, privileged as its platform namespaces are (the
+	// lane enforces baseline outside kube-system, as Talos does). Kilo's
+	// Peer CRD comes with each shape (runKgShape).
 	// The ClusterMesh CRD, as where kilo-clustermesh-operator runs: under
 	// kg's ClusterRole the agents may not read ClusterMeshes (diagnose says
 	// so); the add-on grants turn it on.
@@ -509,7 +673,7 @@ func TestKgShapes(t *testing.T) {
 func kiloPods(ctx context.Context, cs kubernetes.Interface, ns, image string, want int) ([]corev1.Pod, error) {
 	var pods []corev1.Pod
 	err := poll(ctx, 4*time.Minute, "kilo pods "+image+" Ready", func() (bool, error) {
-		l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kilo"})
+		l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=kilo"})
 		if err != nil {
 			return false, err
 		}
@@ -627,7 +791,7 @@ func checkGrantsMode(ctx context.Context, t *testing.T, lane *Lane, cs kubernete
 	// ClusterMesh: a mesh naming a remote cluster whose Secret is absent
 	// is read, and its status written (Ready False, naming the cluster).
 	cm := `{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"ClusterMesh","metadata":{"name":"lane","namespace":"` + s.namespace + `"},
-"spec":{"clusters":[{"name":"local","local":true,"allowedNetworks":["10.251.0.0/16","10.4.0.0/16"]},
+"spec":{"clusters":[{"name":"local","local":true,"allowedNetworks":["10.251.0.0/16","` + s.subnet() + `"]},
 {"name":"other","kubeconfigSecretRef":{"name":"other-kubeconfig","key":"kubeconfig"},"allowedNetworks":["10.99.0.0/16"]}]}}`
 	f = filepath.Join(lane.Dir, "clustermesh.json")
 	if err := os.WriteFile(f, []byte(cm), 0o644); err != nil {
@@ -657,9 +821,11 @@ func checkGrantsMode(ctx context.Context, t *testing.T, lane *Lane, cs kubernete
 	// the traffic, so the agents must say what is missing and recover once
 	// it is back.
 	nodes := lane.Nodes()
-	for _, n := range nodes {
-		if err := run("ip", "-n", n.NS, "link", "del", "flannel.1"); err != nil {
-			t.Fatal(err)
+	if s.flannel() {
+		for _, n := range nodes {
+			if err := run("ip", "-n", n.NS, "link", "del", "flannel.1"); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	loc := func(n *Node, l string) {
@@ -684,10 +850,14 @@ func checkGrantsMode(ctx context.Context, t *testing.T, lane *Lane, cs kubernete
 	} else {
 		t.Logf("RESULT kg-shape %s: add-on: Lease %s/%s held by %s %.1fs after two nodes share a location", s.name, s.namespace, lease, holder, time.Since(from).Seconds())
 	}
+	if !s.flannel() {
+		loc(nodes[1], fmt.Sprintf("loc-%d", nodes[1].Index))
+		return
+	}
 	const flannelHint = "is flannel running on this node?"
 	var said string
 	if err := poll(ctx, time.Minute, "the agents naming flannel.1 missing", func() (bool, error) {
-		out, err := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/name=kilo", "-c", "kilo", "--tail=400")
+		out, err := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/part-of=kilo", "-c", "kilo", "--tail=400")
 		for _, l := range strings.Split(out, "\n") {
 			if strings.Contains(l, flannelHint) {
 				said = l
@@ -731,12 +901,45 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 	if s.prepare != nil {
 		must("prepare", s.prepare(ctx, lane))
 	}
+	kubeconfig := fmt.Sprintf(inClusterKubeconfig, cpIP, apiPort)
+	if s.kubePrism {
+		prismCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		for _, n := range nodes {
+			carried, err := lane.KubePrism(prismCtx, n)
+			must("KubePrism", err)
+			// Checked once the agents have published: their API
+			// connections went through KubePrism, not around it.
+			defer func() {
+				if t.Failed() {
+					return
+				}
+				t.Logf("RESULT kg-shape %s: %s's KubePrism carried %d API connections", s.name, n.Name, carried.Load())
+				if carried.Load() == 0 {
+					t.Errorf("%s: no API connection through KubePrism (127.0.0.1:7445)", n.Name)
+				}
+			}()
+		}
+		kubeconfig = kubePrismKubeconfig
+	}
+	peerCRD := filepath.Join(repoRoot(t), "manifests", "crds", "peers.kilo.squat.ai.yaml")
 	file := filepath.Join(dir, id+"-kilo.yaml")
-	must("manifest", os.WriteFile(file, []byte(s.manifest(image1, fmt.Sprintf(inClusterKubeconfig, cpIP, apiPort))), 0o644))
+	chart := filepath.Join(dir, id+"-chart")
+	if s.helm {
+		crd, err := os.ReadFile(peerCRD)
+		must("Peer CRD", err)
+		must("chart", s.chart(chart, kubeconfig, crd))
+	} else {
+		// Kilo's Peer CRD (meshlet's copy is the same CRD), as Kilo's
+		// install applies it before the manifest.
+		_, err := lane.Kubectl(ctx, "apply", "--server-side", "-f", peerCRD)
+		must("Peer CRD", err)
+		must("manifest", os.WriteFile(file, []byte(s.manifest(image1, kubeconfig)), 0o644))
+	}
 	// What the agents said, for the report and a failure's diagnosis,
 	// read while they run.
 	agentLogs := func() {
-		out, _ := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/name=kilo", "--all-containers", "--prefix", "--tail=60")
+		out, _ := lane.Kubectl(ctx, "logs", "-n", s.namespace, "-l", "app.kubernetes.io/part-of=kilo", "--all-containers", "--prefix", "--tail=60")
 		_ = os.WriteFile(filepath.Join(dir, id+"-logs"), []byte(out), 0o644)
 		if t.Failed() {
 			t.Logf("OUTPUT agents' logs:\n%s", out)
@@ -747,15 +950,23 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 			agentLogs()
 		}
 	}()
-	addon := filepath.Join(repoRoot(t), "manifests", "dropin")
 	if s.addon {
+		addon := dropinGrants(t, s.namespace, dir)
 		_, err := lane.Kubectl(ctx, "apply", "--server-side", "-k", addon)
 		must("add-on grants", err)
 		defer func() { _, _ = lane.Kubectl(ctx, "delete", "-k", addon, "--ignore-not-found") }()
 	}
+	repo, tag1, _ := strings.Cut(image1, ":")
+	_, tag2, _ := strings.Cut(image2, ":")
 	start := time.Now()
-	_, err := lane.Kubectl(ctx, "apply", "-f", file)
-	must("kubectl apply", err)
+	if s.helm {
+		_, err := lane.Helm(ctx, "install", "kilo", chart, "--namespace", s.namespace,
+			"--set", "kilo.image.repository="+repo, "--set", "kilo.image.tag="+tag1)
+		must("helm install", err)
+	} else {
+		_, err := lane.Kubectl(ctx, "apply", "-f", file)
+		must("kubectl apply", err)
+	}
 	pods, err := kiloPods(ctx, cs, s.namespace, image1, len(nodes))
 	must("pods Ready", err)
 	for _, p := range pods {
@@ -841,8 +1052,19 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 	must("node states", err)
 	pingDone := pingAsync(ctx, lane, pinger.Name, target.Status.PodIP, 300, "0.1")
 	rollStart := time.Now()
-	_, err = lane.Kubectl(ctx, "set", "image", "-n", s.namespace, "ds/kilo", "kilo="+image2)
-	must("kubectl set image", err)
+	if s.helm {
+		_, err = lane.Helm(ctx, "upgrade", "kilo", chart, "--namespace", s.namespace, "--reuse-values", "--set", "kilo.image.tag="+tag2)
+		must("helm upgrade", err)
+	} else {
+		// Every DaemonSet of the shape: `set image ds/kilo` alone leaves
+		// kilo-userspace's nodes on the old image.
+		var ds []string
+		for _, d := range s.daemonSets() {
+			ds = append(ds, "ds/"+cmp.Or(d.dsName, "kilo"))
+		}
+		_, err = lane.Kubectl(ctx, append(append([]string{"set", "image", "-n", s.namespace}, ds...), "kilo="+image2)...)
+		must("kubectl set image", err)
+	}
 	_, err = kiloPods(ctx, cs, s.namespace, image2, len(nodes))
 	rolled := time.Since(rollStart)
 	res := <-pingDone
@@ -867,10 +1089,15 @@ func runKgShape(ctx context.Context, t *testing.T, lane *Lane, cs kubernetes.Int
 	for _, n := range nodes {
 		t.Logf("RESULT kg-shape %s: %s before the uninstall: %v", s.name, n.Name, hostState(ctx, lane, n))
 	}
-	_, err = lane.Kubectl(ctx, "delete", "-f", file, "--wait")
-	must("kubectl delete", err)
+	if s.helm {
+		_, err = lane.Helm(ctx, "uninstall", "kilo", "--namespace", s.namespace, "--wait")
+		must("helm uninstall", err)
+	} else {
+		_, err = lane.Kubectl(ctx, "delete", "-f", file, "--wait")
+		must("kubectl delete", err)
+	}
 	must("pods gone", poll(ctx, 2*time.Minute, "kilo pods gone", func() (bool, error) {
-		l, err := cs.CoreV1().Pods(s.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kilo"})
+		l, err := cs.CoreV1().Pods(s.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=kilo"})
 		return err == nil && len(l.Items) == 0, err
 	}))
 	for _, n := range nodes {

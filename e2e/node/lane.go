@@ -16,6 +16,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -240,35 +242,97 @@ func (l *Lane) kubeconfig(path, user string) error {
 // control plane's namespace.
 func (l *Lane) AdminKubeconfig() string { return l.path("admin.kubeconfig") }
 
-// NSDialer dials from inside the network namespace at nsPath: a goroutine
-// locks its thread, switches namespace and dials; the socket stays in that
-// namespace, and the thread, never switched back, ends with the goroutine.
+// inNetns runs fn on a goroutine whose thread is in the network namespace
+// at nsPath: a socket fn makes stays in that namespace, and the thread,
+// locked and never switched back, ends with the goroutine.
+func inNetns[T any](nsPath string, fn func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		var zero T
+		h, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			ch <- result{zero, err}
+			return
+		}
+		defer h.Close()
+		if err := netns.Set(h); err != nil {
+			ch <- result{zero, fmt.Errorf("entering %s: %w", nsPath, err)}
+			return
+		}
+		v, err := fn()
+		ch <- result{v, err}
+	}()
+	r := <-ch
+	return r.v, r.err
+}
+
+// NSDialer dials from inside the network namespace at nsPath.
 func NSDialer(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			c   net.Conn
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread()
-			h, err := netns.GetFromPath(nsPath)
-			if err != nil {
-				ch <- result{nil, err}
-				return
-			}
-			defer h.Close()
-			if err := netns.Set(h); err != nil {
-				ch <- result{nil, fmt.Errorf("entering %s: %w", nsPath, err)}
-				return
-			}
+		return inNetns(nsPath, func() (net.Conn, error) {
 			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
-			ch <- result{c, err}
-		}()
-		r := <-ch
-		return r.c, r.err
+			return d.DialContext(ctx, network, addr)
+		})
 	}
+}
+
+// KubePrism listens on 127.0.0.1:7445 in n's network namespace and carries
+// each connection to the API server, as Talos's KubePrism (a TCP load
+// balancer on the node's loopback) does for Cozystack's kubeconfig. TLS
+// passes through: the API server's certificate names 127.0.0.1, as a
+// Talos API server's does. It stops when ctx ends; the count is of the
+// connections it carried.
+func (l *Lane) KubePrism(ctx context.Context, n *Node) (*atomic.Int64, error) {
+	ln, err := inNetns("/run/netns/"+n.NS, func() (net.Listener, error) {
+		return net.Listen("tcp", "127.0.0.1:7445")
+	})
+	if err != nil {
+		return nil, fmt.Errorf("KubePrism on %s: %w", n.Name, err)
+	}
+	dial := NSDialer("/run/netns/" + n.NS)
+	var carried atomic.Int64
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := dial(ctx, "tcp", fmt.Sprintf("%s:%d", cpIP, apiPort))
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				carried.Add(1)
+				done := make(chan struct{}, 2)
+				pipe := func(dst, src net.Conn) {
+					_, _ = io.Copy(dst, src)
+					if tc, ok := dst.(*net.TCPConn); ok {
+						_ = tc.CloseWrite()
+					}
+					done <- struct{}{}
+				}
+				go pipe(up, c)
+				go pipe(c, up)
+				select {
+				case <-done:
+					<-done
+				case <-ctx.Done():
+				}
+			}()
+		}
+	}()
+	return &carried, nil
 }
 
 // ControlPlane starts etcd, kube-apiserver (Pod Security baseline enforced

@@ -121,8 +121,9 @@ var needs = map[string][]rule{
 	// in "default", where kg's grants never reach.
 	Events:      {{"create", "", "events", "", false}, {"patch", "", "events", "", false}},
 	ClusterMesh: rules([]string{"list", "watch"}, "kilo.squat.ai", "clustermeshes", "", true),
-	ClusterMeshStatus: append(rules([]string{"patch"}, "kilo.squat.ai", "clustermeshes", "status", true),
-		rules([]string{"get", "list", "watch", "create", "update"}, "coordination.k8s.io", "leases", "", true)...),
+	// The writer is named by the plan (docs/clustermesh.md#status-writer):
+	// no Lease of its own.
+	ClusterMeshStatus:       rules([]string{"patch"}, "kilo.squat.ai", "clustermeshes", "status", true),
 	ClusterMeshStatusSchema: {{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", false}},
 	Lifecycle:               {{"list", "", "pods", "", true}, {"get", "apps", "daemonsets", "", true}},
 }
