@@ -108,6 +108,34 @@ func TestVersionsAgree(t *testing.T) {
 			return nil
 		})
 	}
+	// The install commands users copy name the release this tree is (one
+	// version everywhere: the chart's, which CHANGELOG.md has a section for
+	// and make release builds).
+	changelog, err := os.ReadFile("../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(changelog, []byte("\n## ["+version+"] - ")) {
+		t.Errorf("CHANGELOG.md has no section ## [%s] - DATE for the chart's version", version)
+	}
+	named := regexp.MustCompile(`/meshlet:(v\d+\.\d+\.\d+[-.0-9A-Za-z]*)|--version (\d+\.\d+\.\d+[-.0-9A-Za-z]*)|ref=(v\d+\.\d+\.\d+[-.0-9A-Za-z]*)|"tag": ?"(v[^"]+)"`)
+	docs, _ := filepath.Glob("../docs/*.md")
+	found := 0
+	for _, f := range append(docs, "../README.md") {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllSubmatch(b, -1) {
+			found++
+			if v := string(bytes.Join(m[1:], nil)); v != appVersion && v != version {
+				t.Errorf("%s: %q names %s, not this tree's release %s (manifests/chart/Chart.yaml)", f, m[0], v, appVersion)
+			}
+		}
+	}
+	if found < 5 {
+		t.Errorf("found %d versions in README.md and docs/ (the install and drop-in commands name it)", found)
+	}
 }
 
 // helmFails runs helm and wants it to fail with msg in its output.

@@ -118,8 +118,16 @@ func TestNodeLane(t *testing.T) {
 	// containerd mirrors for ghcr.io. The previous release: its image under
 	// its version and, as its chart's default was, :latest.
 	chartRef := "oci://" + lane.Registry() + "/meshlet/charts/meshlet"
-	step("release published (publish.sh)", func() error {
-		out, err := lane.InNS(ctx, "env", "PATH="+bins.Tools+":"+os.Getenv("PATH"), "PLAIN_HTTP=1",
+	// Signed as the release workflow signs, with a key pair of the test's
+	// own where the workflow signs keyless (docs/releasing.md#verify).
+	key := filepath.Join(dir, "release")
+	tools := "PATH=" + bins.Tools + ":" + os.Getenv("PATH")
+	step("release published and signed (publish.sh SIGN=key)", func() error {
+		if out, err := lane.InNS(ctx, "env", "COSIGN_PASSWORD=", filepath.Join(bins.Tools, "cosign"), "generate-key-pair",
+			"--output-key-prefix", key); err != nil {
+			return fmt.Errorf("cosign generate-key-pair: %w: %s", err, out)
+		}
+		out, err := lane.InNS(ctx, "env", tools, "PLAIN_HTTP=1", "SIGN=key", "COSIGN_KEY="+key+".key", "COSIGN_PASSWORD=",
 			filepath.Join(root, "hack", "release", "publish.sh"), filepath.Dir(cur.ImageTar), lane.Registry()+"/meshlet")
 		t.Logf("OUTPUT publish.sh:\n%s", out)
 		if err != nil {
@@ -140,7 +148,23 @@ func TestNodeLane(t *testing.T) {
 		"--set", "compatibility=",
 		// helm test reads the agents' status too (an operator's grant).
 		"--set", "tests.agents=true"}
-	fromRegistry := func(version string) []string { return []string{chartRef, "--version", version, "--plain-http"} }
+	// N is installed only as verify.sh verified it: its chart by the
+	// digest the signature is for; N-1 (from git history) is unsigned.
+	var verifiedChart, verifiedImage string
+	fromRegistry := func(version string) []string {
+		if version == cur.ChartVersion {
+			if verifiedChart == "" {
+				t.Fatalf("installing %s before verify.sh verified it", version)
+			}
+			return []string{verifiedChart, "--plain-http"}
+		}
+		return []string{chartRef, "--version", version, "--plain-http"}
+	}
+	step("release verified (verify.sh); a tampered chart and image refused", func() error {
+		var err error
+		verifiedImage, verifiedChart, err = verifyRelease(ctx, t, lane, root, tools, key+".pub", cur, prev)
+		return err
+	})
 	prevTag := "latest" // the N-1 chart's default image tag
 
 	for _, n := range lane.Nodes() {
@@ -295,6 +319,22 @@ func TestNodeLane(t *testing.T) {
 			append([]string{"--namespace", kiloNS, "--reset-values"}, laneValues...)...)
 	}
 	step("upgrade N-1 -> N (oci)", transition("upgrade "+prev.Version+" -> "+cur.Version, cur.Version, 300, upgradeArgs(cur.ChartVersion)...))
+	step("N's pods run the image verify.sh verified", func() error {
+		_, digest, _ := strings.Cut(verifiedImage, "@")
+		l, err := cs.CoreV1().Pods(kiloNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=meshlet"})
+		if err != nil {
+			return err
+		}
+		for _, p := range l.Items {
+			for _, c := range p.Status.ContainerStatuses {
+				if c.Name == "meshlet" && !strings.HasSuffix(c.ImageID, "@"+digest) {
+					return fmt.Errorf("pod %s runs %s (%s), not the verified %s", p.Name, c.Image, c.ImageID, digest)
+				}
+			}
+		}
+		t.Logf("RESULT release: N's %d pods run the verified image index %s", len(l.Items), digest)
+		return nil
+	})
 	step("helm test (meshlet diagnose)", func() error {
 		out, err := lane.Helm(ctx, "test", "meshlet", "--namespace", kiloNS, "--logs", "--timeout", "3m")
 		t.Logf("OUTPUT helm test meshlet --logs:\n%s", out)

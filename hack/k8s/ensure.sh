@@ -4,7 +4,7 @@
 #   hack/k8s/ensure.sh          -> dir with kube-apiserver, kubectl, etcd
 #   hack/k8s/ensure.sh tools    -> dir with staticcheck, kustomize, helm, crane (hack/tools) and
 #                                  golangci-lint, cyclonedx-gomod (hack/tools/lint), actionlint
-#                                  (hack/tools/actionlint)
+#                                  (hack/tools/actionlint), cosign (hack/tools/cosign)
 #   hack/k8s/ensure.sh node     -> dir with kubelet, kube-controller-manager, kube-scheduler
 #                                  (hack/node: make e2e-node)
 #   hack/k8s/ensure.sh all      -> builds k8s and tools, prints the k8s dir then the tools dir
@@ -14,7 +14,7 @@
 #
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/meshlet/
 #   k8s-<kubernetes version>-<sha256 of hack/k8s/go.sum + hack/k8s/etcd/go.sum, 12 hex>/
-#   tools-<sha256 of hack/tools/go.sum + hack/tools/{lint,actionlint}/go.sum, 12 hex>/
+#   tools-<sha256 of hack/tools/go.sum + hack/tools/{lint,actionlint,cosign}/go.sum, 12 hex>/
 #   node-<kubernetes version>-<sha256 of hack/node/go.sum, 12 hex>/
 # A changed go.sum gives a new directory, so a stale binary is never reused.
 # Each directory is built into a temporary sibling and renamed into place, so
@@ -40,7 +40,7 @@ minor=${minor%%.*}
 hash_of() { cat "$@" | sha256sum | cut -c1-12; }
 
 k8s_dir="$cache_root/k8s-$k8s_version-$(hash_of "$here/go.sum" "$here/etcd/go.sum")"
-tools_dir="$cache_root/tools-$(hash_of "$repo/hack/tools/go.sum" "$repo/hack/tools/lint/go.sum" "$repo/hack/tools/actionlint/go.sum")"
+tools_dir="$cache_root/tools-$(hash_of "$repo/hack/tools/go.sum" "$repo/hack/tools/lint/go.sum" "$repo/hack/tools/actionlint/go.sum" "$repo/hack/tools/cosign/go.sum")"
 node_dir="$cache_root/node-$k8s_version-$(hash_of "$repo/hack/node/go.sum")"
 
 # The version kubernetes' own release build stamps into its binaries.
@@ -93,6 +93,14 @@ build_tools() {
 		github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod)
 	(cd "$repo/hack/tools/actionlint" && go build -trimpath -ldflags "-s -w" -o "$out/" \
 		github.com/rhysd/actionlint/cmd/actionlint)
+	# cosign signs and attests a release (publish.sh) and verifies one
+	# (verify.sh); its version ldflag as its own release build sets it.
+	local cosign_version
+	cosign_version=$(awk '$1 == "github.com/sigstore/cosign/v2" { print $2 }' "$repo/hack/tools/cosign/go.mod")
+	echo "ensure.sh: building cosign $cosign_version (cold: 4-6 min) ..." >&2
+	(cd "$repo/hack/tools/cosign" && go build -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$cosign_version" \
+		-o "$out/" github.com/sigstore/cosign/v2/cmd/cosign)
 	"$out/staticcheck" -version >&2
 	"$out/golangci-lint" version >&2
 	"$out/actionlint" -version >&2
@@ -100,6 +108,7 @@ build_tools() {
 	"$out/kustomize" version >&2
 	"$out/helm" version --short >&2
 	"$out/crane" version >&2
+	"$out/cosign" version 2>&1 | grep -m1 GitVersion >&2
 }
 
 ensure() { # $1: final dir, $2: build function

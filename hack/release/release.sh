@@ -8,6 +8,9 @@
 #   meshlet-$VERSION-linux-<arch>.cdx.json  SBOM of each binary's Go modules (CycloneDX, cyclonedx-gomod)
 #   debian-packages-linux-<arch>.txt        the image's Debian packages (name version arch)
 #   RELEASE_NOTES.md                        CHANGELOG.md's section of the version, the image digest, how to install
+#                                           and how to verify
+#   provenance.json                         SLSA v1 provenance predicate of the image and chart (publish.sh
+#                                           attests the image with it)
 #   SHA256SUMS                              of every file above
 #
 # env: VERSION (required), IMAGE_REPOSITORY (ghcr.io/meshlet/meshlet: the
@@ -83,6 +86,29 @@ tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owne
 	-C "$work/pkgx" -cf - meshlet | gzip -9n >"$dist/$chart_tgz"
 "$tools/helm" show chart "$dist/$chart_tgz" | grep -q "^version: $chart_version$" || die "packaged chart has the wrong version"
 
+# Provenance (SLSA v1's predicate, https://slsa.dev/provenance/v1): what
+# was built from what, by whom. Only the commit's facts, so it is the same
+# bytes on every run; BUILDER_ID names the builder (the release workflow
+# sets its run's URL), "make release" by default.
+cat >"$dist/provenance.json" <<EOF
+{
+  "buildDefinition": {
+    "buildType": "https://github.com/meshlet/meshlet/blob/main/docs/releasing.md#provenance",
+    "externalParameters": {"version": "$VERSION", "imageRepository": "$IMAGE_REPOSITORY", "arches": "$ARCHES",
+      "source": "git+https://github.com/meshlet/meshlet@refs/tags/$VERSION"},
+    "internalParameters": {"sourceDateEpoch": $SOURCE_DATE_EPOCH},
+    "resolvedDependencies": [{"uri": "git+https://github.com/meshlet/meshlet", "digest": {"gitCommit": "$COMMIT"}}]
+  },
+  "runDetails": {
+    "builder": {"id": "${BUILDER_ID:-make release}"},
+    "byproducts": [
+      {"name": "$IMAGE_REPOSITORY:$VERSION", "digest": {"sha256": "${digest#sha256:}"}, "annotations": {"kind": "image index"}},
+      {"name": "$chart_tgz", "digest": {"sha256": "$(sha256sum "$dist/$chart_tgz" | cut -d' ' -f1)"}, "annotations": {"kind": "chart"}}
+    ]
+  }
+}
+EOF
+
 # Release notes: CHANGELOG.md's section of this version (else Unreleased).
 {
 	echo "# meshlet $VERSION"
@@ -106,6 +132,18 @@ tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owne
 	echo "Image \`$IMAGE_REPOSITORY:$VERSION\` (linux/${ARCHES// /, linux/}), index digest \`$digest\`;"
 	echo "pin it with \`--set image.digest=$digest\`. Commit \`$COMMIT\`, built $BUILD_DATE (the commit's time)."
 	echo "SBOMs: \`meshlet-$VERSION-linux-<arch>.cdx.json\` (Go modules), \`debian-packages-linux-<arch>.txt\` (the image's Debian packages)."
+	echo
+	echo "## Verify"
+	echo
+	echo "The image and the chart are signed with the release workflow's identity (cosign, keyless), the image attested"
+	echo "with its provenance and each platform's SBOM (docs/releasing.md#verify):"
+	echo
+	echo '```sh'
+	echo "hack/release/verify.sh ${IMAGE_REPOSITORY%/meshlet} $VERSION   # from a clone of the tag; or by hand:"
+	echo "cosign verify $IMAGE_REPOSITORY:$VERSION \\"
+	echo "  --certificate-identity https://github.com/meshlet/meshlet/.github/workflows/release.yaml@refs/tags/$VERSION \\"
+	echo "  --certificate-oidc-issuer https://token.actions.githubusercontent.com"
+	echo '```'
 } >"$dist/RELEASE_NOTES.md"
 
 (cd "$dist" && find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)

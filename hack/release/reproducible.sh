@@ -2,11 +2,11 @@
 # make release-check: builds the release twice from this commit, into two
 # directories, and fails unless every artefact (image tarball and digest,
 # chart, binaries, SBOMs, notes) is byte-identical. Prints the figures.
-#   env: VERSION (v0.1.0-rc.1), ARCHES, IMAGE_REPOSITORY as make release.
+#   env: VERSION (make release-check: the chart's appVersion), ARCHES, IMAGE_REPOSITORY as make release.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
-export VERSION=${VERSION:-v0.1.0-rc.1}
+export VERSION=${VERSION:?make release-check sets it}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 declare -A took digest
