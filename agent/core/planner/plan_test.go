@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -346,9 +347,20 @@ func TestAnnotationsPublished(t *testing.T) {
 		topology.AnnotationGranularity:         "location",
 		topology.AnnotationCNICompatibilityIP:  "10.244.1.1/32",
 		topology.AnnotationDiscoveredEndpoints: "{}",
+		topology.AnnotationSeen:                "1800000000",
 	}
 	if !reflect.DeepEqual(pl.Annotations, want) {
 		t.Fatalf("annotations:\n got %v\nwant %v", pl.Annotations, want)
+	}
+	// Published as planned 10 s ago: the heartbeat is not due, so the plan
+	// keeps it (topology.WithLastSeen) and the publisher has nothing to
+	// write.
+	published := maps.Clone(want)
+	published[topology.AnnotationLastSeen], published[topology.AnnotationSeen] = "1799999990", "1799999990"
+	pl = Compute(topology.Snapshot{Now: now, Nodes: nodes, Settings: topology.Settings{Compatibility: topology.CompatibilityCilium},
+		Published: published}, self)
+	if !reflect.DeepEqual(pl.Annotations, published) {
+		t.Fatalf("annotations with a fresh heartbeat published:\n got %v\nwant %v", pl.Annotations, published)
 	}
 }
 

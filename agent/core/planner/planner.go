@@ -100,6 +100,7 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 		}
 	}
 	pl.Annotations[topology.AnnotationDiscoveredEndpoints] = topology.FormatDiscoveredEndpoints(topology.DiscoveredToPublish(self, local, pl.WireGuard.Peers))
+	pl.Annotations = topology.WithLastSeen(pl.Annotations, snap.Published, snap.Now)
 	pl.Sessions = sessions.Judge(underSessionRule(self.Sessions, pl.WireGuard.Peers), sessions.DefaultPolicy)
 	pl.Rejections = rejections
 	return topology.Normalize(pl, local, set, self.Name)

@@ -3,6 +3,7 @@ package topology
 import (
 	"net/netip"
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -32,6 +33,37 @@ func Annotations(self Self, h Host, set Settings, now time.Time, wireGuardIP net
 		a[AnnotationCNICompatibilityIP] = FormatPrefix(self.CiliumHostIP)
 	}
 	return a
+}
+
+// WithLastSeen decides this node's heartbeat (Kilo's last-seen, and
+// meshlet.io/seen, its copy that tells meshlet's last-seen from kg's): the
+// published values stay while the published last-seen is meshlet's (seen
+// equal to it), younger than LastSeenRefresh and nothing else in want
+// differs from what is published; otherwise both are now, riding along with
+// whatever else changes. So a quiet node patches its Node once per refresh,
+// as kg does, and the publisher writes what differs and decides nothing.
+// want already holds last-seen as now (Annotations).
+func WithLastSeen(want, published map[string]string, now time.Time) map[string]string {
+	fresh := false
+	if ls, ok := published[AnnotationLastSeen]; ok && published[AnnotationSeen] == ls {
+		if sec, err := strconv.ParseInt(ls, 10, 64); err == nil && now.Sub(time.Unix(sec, 0)) < LastSeenRefresh {
+			fresh = true
+		}
+	}
+	for k, v := range want {
+		if k == AnnotationLastSeen || k == AnnotationSeen {
+			continue
+		}
+		if old, ok := published[k]; !ok || old != v {
+			fresh = false
+			break
+		}
+	}
+	if fresh {
+		want[AnnotationLastSeen] = published[AnnotationLastSeen]
+	}
+	want[AnnotationSeen] = want[AnnotationLastSeen]
+	return want
 }
 
 // CNIRange is the IPAM range of Kilo's CNI configuration list (kg's

@@ -283,3 +283,36 @@ func TestNextReadinessChange(t *testing.T) {
 		})
 	}
 }
+
+// TestWithLastSeen is the heartbeat rule: last-seen and meshlet.io/seen as
+// published while meshlet's, fresh and alone; now otherwise.
+func TestWithLastSeen(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	ls, seen := AnnotationLastSeen, AnnotationSeen
+	for _, tc := range []struct {
+		name      string
+		published map[string]string
+		want      string // the last-seen (and seen) planned
+	}{
+		{"nothing published yet", nil, "1800000000"},
+		{"all current and fresh", map[string]string{AnnotationKey: "k", ls: "1799999990", seen: "1799999990"}, "1799999990"},
+		{"refresh due", map[string]string{AnnotationKey: "k", ls: "1799999975", seen: "1799999975"}, "1800000000"},
+		{"just younger than the refresh", map[string]string{AnnotationKey: "k", ls: "1799999976", seen: "1799999976"}, "1799999976"},
+		{"a value changed: last-seen rides along", map[string]string{AnnotationKey: "old", ls: "1799999999", seen: "1799999999"}, "1800000000"},
+		{"a value not published yet", map[string]string{ls: "1799999999", seen: "1799999999"}, "1800000000"},
+		{"unparsable last-seen", map[string]string{AnnotationKey: "k", ls: "soon", seen: "soon"}, "1800000000"},
+		// kg wrote last-seen after meshlet (or a meshlet before seen
+		// existed): written again at once, so others do not take the
+		// marks for stale.
+		{"last-seen someone else wrote", map[string]string{AnnotationKey: "k", ls: "1799999995", seen: "1799999960"}, "1800000000"},
+		{"no seen yet", map[string]string{AnnotationKey: "k", ls: "1799999995"}, "1800000000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := map[string]string{AnnotationKey: "k", ls: FormatLastSeen(now)}
+			got := WithLastSeen(want, tc.published, now)
+			if got[ls] != tc.want || got[seen] != tc.want || got[AnnotationKey] != "k" || len(got) != 3 {
+				t.Errorf("got %v, want last-seen and seen %s", got, tc.want)
+			}
+		})
+	}
+}

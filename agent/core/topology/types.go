@@ -335,6 +335,10 @@ type Snapshot struct {
 	// information (meshlet plan): Kilo's rule alone, no Leadership in the
 	// plan.
 	Lease *LeaseState
+	// Published is this node's own annotations as the API server has them
+	// (nil: unknown, as in meshlet plan): the plan keeps last-seen as
+	// published while it needs no refresh (WithLastSeen).
+	Published map[string]string `json:"published,omitempty"`
 }
 
 // PeerKind tells where a WireGuard peer comes from.

@@ -47,43 +47,10 @@ items:
 }
 
 func TestAnnotationDiff(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	node := func(ann map[string]string) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: ann}}
-	}
-	want := map[string]string{topology.AnnotationKey: "k", topology.AnnotationLastSeen: "1800000000"}
-	ls, seen := topology.AnnotationLastSeen, topology.AnnotationSeen
-	for _, tc := range []struct {
-		name string
-		have map[string]string
-		want []string
-	}{
-		{"nothing published yet", nil, []string{topology.AnnotationKey, ls, seen}},
-		{"all current and fresh", map[string]string{topology.AnnotationKey: "k", ls: "1799999990", seen: "1799999990"}, nil},
-		{"heartbeat due", map[string]string{topology.AnnotationKey: "k", ls: "1799999970", seen: "1799999970"}, []string{ls, seen}},
-		{"a value changed: last-seen rides along", map[string]string{topology.AnnotationKey: "old", ls: "1799999999", seen: "1799999999"},
-			[]string{topology.AnnotationKey, ls, seen}},
-		{"unparsable last-seen is refreshed", map[string]string{topology.AnnotationKey: "k", ls: "soon", seen: "soon"}, []string{ls, seen}},
-		// kg wrote last-seen after meshlet (or a meshlet before seen existed):
-		// written again at once, so others do not take the marks for stale.
-		{"last-seen someone else wrote", map[string]string{topology.AnnotationKey: "k", ls: "1799999995", seen: "1799999960"}, []string{ls, seen}},
-		{"no seen yet", map[string]string{topology.AnnotationKey: "k", ls: "1799999995"}, []string{ls, seen}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := AnnotationDiff(node(tc.have), want, now, 25*time.Second)
-			if len(d) != len(tc.want) {
-				t.Fatalf("diff = %v, want keys %v", d, tc.want)
-			}
-			for _, k := range tc.want {
-				w := want[k]
-				if k == seen {
-					w = want[ls]
-				}
-				if d[k] != w {
-					t.Errorf("diff[%s] = %q", k, d[k])
-				}
-			}
-		})
+	cur := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{"a": "1", "b": "2", "c": ""}}}
+	d := AnnotationDiff(cur, map[string]string{"a": "1", "b": "3", "c": "", "d": ""})
+	if len(d) != 2 || d["b"] != "3" || d["d"] != "" {
+		t.Errorf("diff = %v, want b=3 and d=\"\" (a value that differs, an empty one not there yet)", d)
 	}
 }
 

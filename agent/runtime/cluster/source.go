@@ -6,16 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"maps"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/clock"
 
 	"github.com/meshlet/meshlet/agent/core/clustermesh"
 	"github.com/meshlet/meshlet/agent/core/topology"
@@ -38,6 +36,9 @@ func (s *Source) Synced() bool { return s.Local.Synced() }
 func (s *Source) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
 	st := s.Local.State(s.ClusterName)
 	snap := topology.Snapshot{Nodes: st.Nodes, Peers: st.Peers, Meshes: st.Mesh.Meshes, Rejections: st.Rejections}
+	if n := s.Local.SelfNode(); n != nil {
+		snap.Published = maps.Clone(n.Annotations)
+	}
 	if s.Remotes != nil {
 		rcs, rejs := s.Remotes.State()
 		snap.Remotes = rcs
@@ -48,32 +49,26 @@ func (s *Source) Snapshot() (topology.Snapshot, []clustermesh.Kubeconfig) {
 
 // Publisher is the one writer of Node objects while the agent runs: it
 // writes this node's annotations (Kilo's, meshlet's marks, the leader mark
-// of the Lease's holder) with a merge patch of the values that differ, and
-// removes meshlet's leader mark from the nodes the plan names (Unmark). last-seen alone is refreshed only when it is older
-// than LastSeenRefresh, so a quiet cluster sees one patch per node every ~30 s,
-// as with kg.
+// of the Lease's holder) with a merge patch of the values that differ from
+// what the Node has, and removes meshlet's leader mark from the nodes the
+// plan names (Unmark). When last-seen is refreshed is the plan's
+// (topology.WithLastSeen): a quiet cluster sees one patch per node every
+// ~30 s, as with kg.
 type Publisher struct {
-	Client          kubernetes.Interface
-	Local           *Local
-	Node            string
-	LastSeenRefresh time.Duration
-	// Clock stamps last-seen (nil: the real clock).
-	Clock clock.WithTicker
+	Client kubernetes.Interface
+	Local  *Local
+	Node   string
 	// Log says when this node's leader mark goes out (nil: not said).
 	Log *slog.Logger
 }
 
 // Publish implements reconcile.Publisher.
 func (p *Publisher) Publish(ctx context.Context, want map[string]string) (bool, error) {
-	hb := p.LastSeenRefresh
-	if hb <= 0 {
-		hb = topology.LastSeenRefresh
-	}
 	cur := p.Local.SelfNode()
 	if cur == nil {
 		return false, fmt.Errorf("node %s not found in the local cluster", p.Node)
 	}
-	diff := AnnotationDiff(cur, want, orReal(p.Clock).Now(), hb)
+	diff := AnnotationDiff(cur, want)
 	if len(diff) == 0 {
 		return false, nil
 	}
@@ -144,33 +139,14 @@ func jsonPointer(s string) string {
 	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
 }
 
-// AnnotationDiff returns the annotations to patch: every value that
-// differs, plus last-seen when anything is patched or the published one is
-// older than refresh — and with last-seen always meshlet.io/seen, its
-// copy, which tells meshlet's last-seen from kg's.
-func AnnotationDiff(cur *corev1.Node, want map[string]string, now time.Time, refresh time.Duration) map[string]string {
-	have := cur.Annotations
+// AnnotationDiff returns the annotations of want whose value the Node
+// does not have.
+func AnnotationDiff(cur *corev1.Node, want map[string]string) map[string]string {
 	diff := map[string]string{}
 	for k, v := range want {
-		if k == topology.AnnotationLastSeen || k == topology.AnnotationSeen {
-			continue
-		}
-		if old, ok := have[k]; !ok || old != v {
+		if old, ok := cur.Annotations[k]; !ok || old != v {
 			diff[k] = v
 		}
-	}
-	stale := true
-	if s, ok := have[topology.AnnotationLastSeen]; ok {
-		if sec, err := strconv.ParseInt(s, 10, 64); err == nil && now.Sub(time.Unix(sec, 0)) < refresh {
-			stale = false
-		}
-	}
-	if have[topology.AnnotationSeen] != have[topology.AnnotationLastSeen] {
-		stale = true // someone else wrote last-seen: this node's marks look stale to others
-	}
-	if ls, ok := want[topology.AnnotationLastSeen]; ok && (stale || len(diff) > 0) {
-		diff[topology.AnnotationLastSeen] = ls
-		diff[topology.AnnotationSeen] = ls
 	}
 	return diff
 }

@@ -215,7 +215,7 @@ func New(o Options) (*Agent, error) {
 		recorder = discard{} // logs and metrics still say it
 	}
 	loop.Snapshots = &cluster.Source{Local: local, Remotes: remotes, ClusterName: o.Config.ClusterName}
-	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node, Clock: o.Clock, Log: o.Log}
+	loop.Publisher = &cluster.Publisher{Client: client, Local: local, Node: o.Node, Log: o.Log}
 	loop.Remotes = remotes
 	var ms *meshstatus.Writer
 	if o.Config.ClusterMeshStatus {
