@@ -160,12 +160,12 @@ func TestChartEqualsKustomize(t *testing.T) {
 		tmpl("monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"),
 		append(decode(t, kustomizeBuild(t, ".")), decode(t, kustomizeBuild(t, "monitoring"))...))
 	// Values of the same meaning as Cozystack's Kilo chart reach the flags.
-	ds := find(tmpl("transitCIDR=10.99.0.0/16", "meshGranularity=full", "compatibility=", "mtu=1380",
+	ds := find(tmpl("transitCIDR=10.99.0.0/16", "dualStackTransitCIDR=fd4b::/64", "meshGranularity=full", "compatibility=", "mtu=1380",
 		"serviceCIDR=10.96.0.0/12", "clusterName=east", "image.tag=v9", "image.pullPolicy=IfNotPresent"), "DaemonSet", "meshlet")
 	c, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
 	ctr := c[0].(map[string]any)
 	args := strings.Join(toStrings(ctr["args"].([]any)), " ")
-	for _, want := range []string{"--subnet=10.99.0.0/16", "--mesh-granularity=full", "--compatibility= ", "--mtu=1380",
+	for _, want := range []string{"--subnet=10.99.0.0/16", "--dual-stack-subnet=fd4b::/64", "--mesh-granularity=full", "--compatibility= ", "--mtu=1380",
 		"--service-cidr=10.96.0.0/12", "--cluster-name=east"} {
 		if !strings.Contains(args+" ", want) {
 			t.Errorf("args %q lack %q", args, want)

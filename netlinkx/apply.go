@@ -81,7 +81,7 @@ func (h *Host) Apply(ctx context.Context, spec Spec) (rep Report, err error) {
 			errs = append(errs, err)
 		}
 	}
-	rep.Sysctls, err = h.EnsureSysctls(ctx, DesiredSysctls(spec.Link.Name, tunnel))
+	rep.Sysctls, err = h.EnsureSysctls(ctx, DesiredSysctls(spec.Link.Name, tunnel, spec.IPv6Forwarding))
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -379,15 +379,17 @@ func TestSysctlPath(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		tunnel string
+		ipv6   bool
 		want   []Sysctl
 	}{
-		{"", []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}}},
+		{"", false, []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}}},
+		{"", true, []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}}},
 		// The tunnel has no address: loose mode would still drop pod traffic
 		// decapsulated there, so filtering is off on it.
-		{"cilium_tunl", []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}, {"net.ipv4.conf.cilium_tunl.rp_filter", "0"}}},
+		{"cilium_tunl", false, []Sysctl{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.conf.kilo0.rp_filter", "2"}, {"net.ipv4.conf.cilium_tunl.rp_filter", "0"}}},
 	} {
-		if got := DesiredSysctls("kilo0", tc.tunnel); !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("DesiredSysctls(kilo0, %q) = %v, want %v", tc.tunnel, got, tc.want)
+		if got := DesiredSysctls("kilo0", tc.tunnel, tc.ipv6); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("DesiredSysctls(kilo0, %q, %v) = %v, want %v", tc.tunnel, tc.ipv6, got, tc.want)
 		}
 	}
 }

@@ -10,6 +10,8 @@ type Spec struct {
 	Routes   []Route
 	Rules    []Rule
 	Firewall Firewall
+	// IPv6Forwarding: the host forwards IPv6 too (the mesh carries it).
+	IPv6Forwarding bool
 }
 
 // Route is one desired route. Table 0 means main.

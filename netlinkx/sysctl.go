@@ -34,9 +34,15 @@ const (
 )
 
 // DesiredSysctls lists the sysctls meshlet needs for its WireGuard
-// interface and the tunnel device ("" = none). Pure.
-func DesiredSysctls(iface, tunnel string) []Sysctl {
+// interface and the tunnel device ("" = none), and IPv6 forwarding where
+// the mesh carries IPv6 (a host that takes its IPv6 address from router
+// advertisements needs accept_ra=2 then: docs/dual-stack.md#forwarding).
+// Pure.
+func DesiredSysctls(iface, tunnel string, ipv6 bool) []Sysctl {
 	out := []Sysctl{{Key: "net.ipv4.ip_forward", Value: "1"}}
+	if ipv6 {
+		out = append(out, Sysctl{Key: "net.ipv6.conf.all.forwarding", Value: "1"})
+	}
 	if iface != "" {
 		out = append(out, Sysctl{Key: "net.ipv4.conf." + iface + ".rp_filter", Value: rpFilterLoose})
 	}

@@ -249,7 +249,11 @@ func selfFromFile(name string, nodes []topology.Node, set *topology.Settings, po
 		self.PublicKey = standInKey(name)
 		assumed = append(assumed, "WireGuard key "+self.PublicKey.String()+": a stand-in, the dump has none valid for the node (its agent publishes and plans with its own)")
 	}
-	for _, a := range []netip.Prefix{n.InternalIP, set.PrivateIP} {
+	addrs := []netip.Prefix{n.InternalIP, set.PrivateIP}
+	if set.DualStack() {
+		addrs = append(addrs, n.DualStackInternalIP)
+	}
+	for _, a := range addrs {
 		if a.IsValid() && !slices.ContainsFunc(self.Addresses, func(h topology.HostAddress) bool { return h.Prefix == a }) {
 			self.Addresses = append(self.Addresses, topology.HostAddress{Interface: iface, Prefix: a})
 			assumed = append(assumed, fmt.Sprintf("host address %s on %s", a, iface))
@@ -292,11 +296,18 @@ func printPlan(w io.Writer, pa planned, now time.Time) error {
 	role := "non-leader (kilo0 down, routes via its leader)"
 	if p.Leader {
 		role = "leader (kilo0 up with " + p.WireGuardIP.String() + ")"
+		if p.DualStackWireGuardIP.IsValid() {
+			role = "leader (kilo0 up with " + p.WireGuardIP.String() + " and " + p.DualStackWireGuardIP.String() + ")"
+		}
 	}
 	fmt.Fprintf(tw, "Node %s at %s: %s, segment %s\n\n", p.Node, now.UTC().Format(time.RFC3339), role, orDash(p.Segment))
 	fmt.Fprintln(tw, "SEGMENT\tLOCATION\tLEADER\tWIREGUARD IP\tNODES")
 	for _, s := range p.Segments {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, orDash(s.Location), s.Leader, prefixOrDash(s.WireGuardIP), strings.Join(s.Nodes, ","))
+		wg := prefixOrDash(s.WireGuardIP)
+		if s.DualStackWireGuardIP.IsValid() {
+			wg += "," + s.DualStackWireGuardIP.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, orDash(s.Location), s.Leader, wg, strings.Join(s.Nodes, ","))
 	}
 	if len(p.Remotes) > 0 {
 		fmt.Fprintln(tw, "\nREMOTE CLUSTER\tMESH\tSYNCED\tLEADERS\tALLOWED NETWORKS")

@@ -135,6 +135,15 @@ func TestPlanGolden(t *testing.T) {
 			"--local=false", "--compatibility=cilium", "--encapsulate=crosssubnet", "--subnet=100.66.0.0/16", "--tunnel-device=cilium_tunl"}},
 		{"a-3-other-location", []string{"--node", "a-3", "--local", "testdata/cluster-a.yaml", "--remote", "cluster-b=testdata/cluster-b.yaml"}},
 		{"b-1-remote-side", []string{"--node", "b-1", "--local", "testdata/cluster-b.yaml", "--remote", "cluster-a=testdata/cluster-a.yaml", "--cluster-name", "cluster-b"}},
+		// docs/dual-stack.md: the same dual-stack cluster as kg plans it
+		// (one family), then with both; an IPv6-only cluster.
+		{"dual-d-1-single-stack", []string{"--node", "d-1", "--local", "testdata/cluster-dual.yaml"}},
+		{"dual-d-1-leader", []string{"--node", "d-1", "--local", "testdata/cluster-dual.yaml", "--dual-stack-subnet=fd4b::/64"}},
+		{"dual-d-2-nonleader-cozystack-cilium", []string{"--node", "d-2", "--local", "testdata/cluster-dual.yaml", "--dual-stack-subnet=fd4b::/64",
+			"--local=false", "--compatibility=cilium", "--encapsulate=crosssubnet", "--subnet=100.66.0.0/16", "--tunnel-device=cilium_tunl"}},
+		{"v6-s-1-leader", []string{"--node", "s-1", "--local", "testdata/cluster-v6.yaml", "--subnet=fd4b::/64"}},
+		{"v6-s-2-nonleader-cilium", []string{"--node", "s-2", "--local", "testdata/cluster-v6.yaml", "--subnet=fd4b::/64",
+			"--local=false", "--compatibility=cilium", "--encapsulate=crosssubnet"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

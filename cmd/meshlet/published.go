@@ -19,16 +19,20 @@ import (
 // that publishes it agrees: --subnet from the leaders' wireguard-ip (the
 // mesh subnet's mask rides with each address), --mesh-granularity from the
 // granularity annotation, --port from the endpoints' port. kg publishes the
-// same, so this holds for kg's nodes too. It is what diagnose, graph and plan
+// same, so this holds for kg's nodes too; --dual-stack-subnet comes from
+// meshlet's leaders' dual-stack-wireguard-ip. It is what diagnose, graph and plan
 // fall back to without a DaemonSet to read (a cluster of the demo, a dump):
 // the agents' settings, not meshlet's defaults. It returns the flags it set,
 // as "--flag=value".
 func publishedSettings(fs *pflag.FlagSet, cfg *config.Config, nodes []*corev1.Node) []string {
-	subnets, granularities, ports := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	subnets, dualStack, granularities, ports := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, n := range nodes {
 		a := n.Annotations
-		if p, err := netip.ParsePrefix(strings.TrimSpace(a[topology.AnnotationWireGuardIP])); err == nil && p.Addr().Is4() {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(a[topology.AnnotationWireGuardIP])); err == nil {
 			subnets[p.Masked().String()] = true
+		}
+		if p, err := netip.ParsePrefix(strings.TrimSpace(a[topology.AnnotationDualStackWireGuardIP])); err == nil {
+			dualStack[p.Masked().String()] = true
 		}
 		if g := strings.TrimSpace(a[topology.AnnotationGranularity]); g != "" {
 			granularities[g] = true
@@ -49,6 +53,7 @@ func publishedSettings(fs *pflag.FlagSet, cfg *config.Config, nodes []*corev1.No
 		}
 	}
 	one("subnet", subnets, func(v string) bool { cfg.Subnet = v; return true })
+	one("dual-stack-subnet", dualStack, func(v string) bool { cfg.DualStackSubnet = v; return true })
 	one("mesh-granularity", granularities, func(v string) bool { cfg.Granularity = v; return true })
 	one("port", ports, func(v string) bool {
 		p, err := strconv.Atoi(v)

@@ -36,6 +36,11 @@ type ClusterSpec struct {
 	// WGSubnet is meshlet's --subnet in this cluster (segment leaders'
 	// WireGuard IPs).
 	WGSubnet netip.Prefix
+	// PodNet6, when set, makes the cluster dual-stack (docs/dual-stack.md):
+	// node i also gets the i-th /64 of it as its IPv6 pod CIDR, an IPv6
+	// underlay address beside its IPv4 one, and meshlet
+	// --dual-stack-subnet=WGSubnet6.
+	PodNet6, WGSubnet6 netip.Prefix
 	// Keepalive is this cluster's persistentKeepalive in ClusterMeshes.
 	Keepalive int
 	// ExtraArgs are added to every meshlet of this cluster.
@@ -160,6 +165,16 @@ func (c *Cluster) APIPort() string {
 	return u[strings.LastIndex(u, ":")+1:]
 }
 
+// allocPodCIDR6 is node i's IPv6 pod CIDR: the i-th /64 of PodNet6
+// (after allocPodCIDR, which counts the nodes).
+func (c *Cluster) allocPodCIDR6() netip.Prefix {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a := c.PodNet6.Addr().As16()
+	a[6], a[7] = byte(c.nextPod>>8), byte(c.nextPod)
+	return netip.PrefixFrom(netip.AddrFrom16(a), 64)
+}
+
 func (c *Cluster) allocPodCIDR() netip.Prefix {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -190,6 +205,9 @@ func (e *Env) ApplyMesh(ctx context.Context, name string, clusters ...*Cluster) 
 		for _, o := range clusters {
 			me := meshEntry{Name: o.Name, AllowedNetworks: []string{o.PodNet.String(), o.WGSubnet.String()},
 				PersistentKeepalive: o.Keepalive}
+			if o.PodNet6.IsValid() {
+				me.AllowedNetworks = append(me.AllowedNetworks, o.PodNet6.String(), o.WGSubnet6.String())
+			}
 			if o == c {
 				me.Local = true
 			} else {
@@ -257,19 +275,24 @@ func (c *Cluster) Annotations(ctx context.Context, node string) (map[string]stri
 
 // createNode creates a Node object as a kubelet would register it: pod CIDR,
 // InternalIP, Ready, and the annotations the user set.
-func (c *Cluster) createNode(ctx context.Context, name string, pod netip.Prefix, internal netip.Addr, ann map[string]string) error {
+func (c *Cluster) createNode(ctx context.Context, name string, pods []netip.Prefix, internal []netip.Addr, ann map[string]string) error {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann,
 			Labels: map[string]string{"kubernetes.io/hostname": name}},
-		Spec: corev1.NodeSpec{PodCIDR: pod.String(), PodCIDRs: []string{pod.String()}},
+		Spec: corev1.NodeSpec{PodCIDR: pods[0].String()},
+	}
+	for _, p := range pods {
+		n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, p.String())
 	}
 	created, err := c.Admin.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("cluster %s: creating node %s: %w", c.Name, name, err)
 	}
 	now := metav1.Now()
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: internal.String()},
-		{Type: corev1.NodeHostName, Address: name}}
+	for _, a := range internal {
+		created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a.String()})
+	}
+	created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: name})
 	created.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
 		Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
 	if _, err := c.Admin.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
@@ -312,7 +335,7 @@ func (c *Cluster) AddFakeNode(ctx context.Context, f FakeNode) (FakeNode, error)
 	for k, v := range f.Extra {
 		ann[k] = v
 	}
-	if err := c.createNode(ctx, f.Name, f.PodCIDR, ip, ann); err != nil {
+	if err := c.createNode(ctx, f.Name, []netip.Prefix{f.PodCIDR}, []netip.Addr{ip}, ann); err != nil {
 		return f, err
 	}
 	c.mu.Lock()

@@ -203,6 +203,18 @@ func (e *Env) nextHubAddr() netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4(a), HubNet.Bits())
 }
 
+// HubNet6 is the hub's IPv6 network, private in Kilo's sense (fd00::/16), so
+// endpoints stay on the IPv4 underlay unless set: a dual-stack node's underlay address
+// is hubAddr6 of its IPv4 one.
+var HubNet6 = netip.MustParsePrefix("fd00:99::/64")
+
+func hubAddr6(v4 netip.Addr) netip.Prefix {
+	a := HubNet6.Addr().As16()
+	b := v4.As4()
+	a[14], a[15] = b[2], b[3]
+	return netip.PrefixFrom(netip.AddrFrom16(a), HubNet6.Bits())
+}
+
 // attachToHub connects namespace ns to the hub bridge with a veth whose
 // inside end is called ifname, and gives it addr.
 func (e *Env) attachToHub(ns, ifname string, addr netip.Prefix) error {

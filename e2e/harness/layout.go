@@ -43,6 +43,24 @@ func TwoByTwo() Layout {
 	}}
 }
 
+// DualStack is a dual-stack mesh (docs/dual-stack.md): cluster-a with
+// locations x (two nodes) and y (one), cluster-b with location z (two
+// nodes); IPv4 and IPv6 pod CIDRs and underlay addresses on every node.
+func DualStack() Layout {
+	mk := func(name string, n int, locs map[string]int) ClusterLayout {
+		cl := ClusterLayout{ClusterSpec: ClusterSpec{Name: "cluster-" + name,
+			PodNet: netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", n)), WGSubnet: netip.MustParsePrefix(fmt.Sprintf("100.66.%d.0/24", n-1)),
+			PodNet6: netip.MustParsePrefix(fmt.Sprintf("fd10:%d::/48", n)), WGSubnet6: netip.MustParsePrefix(fmt.Sprintf("fd4b:%d::/64", n))}}
+		for _, l := range []string{"w", "x", "y", "z"} {
+			for i := 1; i <= locs[l]; i++ {
+				cl.Nodes = append(cl.Nodes, NodeSpec{Name: fmt.Sprintf("%s-%s%d", name, l, i), Location: l})
+			}
+		}
+		return cl
+	}
+	return Layout{Clusters: []ClusterLayout{mk("a", 1, map[string]int{"x": 2, "y": 1}), mk("b", 2, map[string]int{"z": 2})}}
+}
+
 // Build creates the clusters, the ClusterMesh with its Secrets, every node,
 // and then starts meshlet everywhere and waits until all are ready.
 func (e *Env) Build(ctx context.Context, l Layout) error {

@@ -59,11 +59,16 @@ type Node struct {
 	IP      netip.Prefix // underlay address (meshlet's --internal-cidr)
 	PodCIDR netip.Prefix
 	PodIP   netip.Addr // first address of PodCIDR, on lo: the "pod"
-	Dir     string
-	WGDir   string // bound over /run/wireguard for this node's processes
-	RunDir  string // bound over /run/meshlet: the status socket
-	LogPath string
-	env     *Env
+	// IP6, PodCIDR6 and PodIP6 are the same of IPv6, in a dual-stack
+	// cluster (ClusterSpec.PodNet6; zero otherwise).
+	IP6      netip.Prefix
+	PodCIDR6 netip.Prefix
+	PodIP6   netip.Addr
+	Dir      string
+	WGDir    string // bound over /run/wireguard for this node's processes
+	RunDir   string // bound over /run/meshlet: the status socket
+	LogPath  string
+	env      *Env
 
 	mu    sync.Mutex
 	agent *exec.Cmd
@@ -105,6 +110,22 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	if err := ipn(ctx, n.NS, "addr", "add", netip.PrefixFrom(n.PodIP, 32).String(), "dev", "lo"); err != nil {
 		return nil, err
 	}
+	pods, internal := []netip.Prefix{n.PodCIDR}, []netip.Addr{n.IP.Addr()}
+	if c.PodNet6.IsValid() {
+		if spec.Behind != nil {
+			return nil, fmt.Errorf("node %s: a dual-stack node behind a NAT router is not built yet", spec.Name)
+		}
+		n.IP6 = hubAddr6(n.IP.Addr())
+		n.PodCIDR6 = c.allocPodCIDR6()
+		n.PodIP6 = n.PodCIDR6.Addr().Next()
+		// nodad: the addresses are unique here, and usable at once.
+		for _, a := range [][]string{{n.IP6.String(), "dev", "eth0"}, {netip.PrefixFrom(n.PodIP6, 128).String(), "dev", "lo"}} {
+			if err := ipn(ctx, n.NS, append(append([]string{"addr", "add"}, a...), "nodad")...); err != nil {
+				return nil, err
+			}
+		}
+		pods, internal = append(pods, n.PodCIDR6), append(internal, n.IP6.Addr())
+	}
 	// Each API server listens on the host's loopback; make the same
 	// address work inside the node (see forwardFromNetns).
 	for _, cl := range e.Clusters() {
@@ -116,7 +137,7 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	for k, v := range spec.Annotations {
 		ann[k] = v
 	}
-	if err := c.createNode(ctx, spec.Name, n.PodCIDR, n.IP.Addr(), ann); err != nil {
+	if err := c.createNode(ctx, spec.Name, pods, internal, ann); err != nil {
 		return nil, err
 	}
 	e.mu.Lock()
@@ -195,6 +216,9 @@ func (n *Node) Args() []string {
 // then the cluster's, then the node's, so the later override the earlier.
 func (n *Node) extraArgs() []string {
 	args := append([]string(nil), n.env.opts.MeshletArgs...)
+	if n.IP6.IsValid() {
+		args = append(args, "--dual-stack-subnet="+n.Cluster.WGSubnet6.String(), "--internal-cidr="+n.IP6.String())
+	}
 	args = append(args, n.Cluster.ExtraArgs...)
 	return append(args, n.ExtraArgs...)
 }
@@ -508,7 +532,7 @@ var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 func (n *Node) Ping(ctx context.Context, dst netip.Addr, count int, interval, wait time.Duration) (PingResult, error) {
 	args := []string{"netns", "exec", n.NS, "ping", "-n", "-q", "-c", strconv.Itoa(count),
 		"-i", fmt.Sprintf("%.3f", interval.Seconds()), "-W", fmt.Sprintf("%.3f", wait.Seconds()),
-		"-I", n.PodIP.String(), dst.String()}
+		"-I", n.podIP(dst).String(), dst.String()}
 	cmd := exec.CommandContext(ctx, "ip", args...)
 	out, _ := cmd.CombinedOutput() // exit 1 = some lost: read the numbers
 	m := pingStats.FindStringSubmatch(string(out))
@@ -519,6 +543,14 @@ func (n *Node) Ping(ctx context.Context, dst netip.Addr, count int, interval, wa
 	r.Sent, _ = strconv.Atoi(m[1])
 	r.Received, _ = strconv.Atoi(m[2])
 	return r, nil
+}
+
+// podIP is the node's pod address of dst's family.
+func (n *Node) podIP(dst netip.Addr) netip.Addr {
+	if dst.Is6() {
+		return n.PodIP6
+	}
+	return n.PodIP
 }
 
 // Reachable reports whether one ping (from the pod address) gets a reply
@@ -600,17 +632,19 @@ func (n *Node) DropForeignAddresses(ctx context.Context) (func() error, error) {
 // RouteProtocol is meshlet's routing protocol number (netlinkx).
 const RouteProtocol = "109"
 
-// Routes lists meshlet's routes on the node (every table), one per line as
+// Routes lists meshlet's routes on the node (every table, IPv4 then IPv6), one per line as
 // `ip route` prints them.
 func (n *Node) Routes(ctx context.Context) ([]string, error) {
-	out, err := run(ctx, "ip", "-n", n.NS, "-4", "route", "show", "table", "all", "proto", RouteProtocol)
-	if err != nil {
-		return nil, err
-	}
 	var rs []string
-	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			rs = append(rs, l)
+	for _, family := range []string{"-4", "-6"} {
+		out, err := run(ctx, "ip", "-n", n.NS, family, "route", "show", "table", "all", "proto", RouteProtocol)
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				rs = append(rs, l)
+			}
 		}
 	}
 	return rs, nil

@@ -64,6 +64,13 @@ const (
 	// webhook, Kilo's `kg webhook` or another, denies it or cannot be
 	// called), so no Peer can be added or changed.
 	IDPeerAdmission = "PeerAdmissionRefused"
+	// IDSecondFamilyNotMeshed: nodes have pod CIDRs of two families and the
+	// mesh carries one (no --dual-stack-subnet): their pods of the other
+	// family reach no other location.
+	IDSecondFamilyNotMeshed = "SecondFamilyNotMeshed"
+	// IDSingleFamilySegment: in a dual-stack mesh, a segment led by kg
+	// (which plans one family) carries the first family alone.
+	IDSingleFamilySegment = "SegmentLedByKgSingleFamily"
 )
 
 // PeerAdmission is what the API server answered to a server-side dry run
@@ -565,6 +572,9 @@ func checkFindings(in Input, add func(Finding)) {
 	for _, f := range peerAdmission(in.Cluster, in.PeerAdmission) {
 		once(f)
 	}
+	for _, f := range FamilyFindings(in.Snapshot, reference(in)) {
+		once(f)
+	}
 	names := make([]string, 0, len(in.Agents))
 	for n := range in.Agents {
 		names = append(names, n)
@@ -576,6 +586,45 @@ func checkFindings(in Input, add func(Finding)) {
 		}
 	}
 	crossAgent(in, once)
+}
+
+// FamilyFindings: a dual-stack cluster meshed in one family (its nodes'
+// second pod CIDRs named), and, in a dual-stack mesh, each segment whose
+// leader runs kg (ref's rejections: topology.ReasonSingleFamily).
+func FamilyFindings(snap topology.Snapshot, ref topology.Plan) []Finding {
+	set := topology.Defaults(snap.Settings)
+	if !set.DualStack() {
+		var dual []string
+		for _, n := range snap.Nodes {
+			if n.DualStackPodCIDR.IsValid() && len(topology.NotReady(n, snap.Now)) == 0 {
+				dual = append(dual, n.Name+" "+n.DualStackPodCIDR.String())
+			}
+		}
+		if len(dual) == 0 {
+			return nil
+		}
+		other := "IPv6"
+		if set.Subnet.Addr().Is6() {
+			other = "IPv4"
+		}
+		return []Finding{{Severity: Warning, Check: "address families", ID: IDSecondFamilyNotMeshed, Subject: "mesh",
+			Message: fmt.Sprintf("%d nodes have %s pod CIDRs, and the mesh carries %s's family alone (as Kilo): their %s pods reach no other location or cluster",
+				len(dual), other, set.Subnet, other),
+			Evidence: append([]string{"no --dual-stack-subnet"}, dual...),
+			Fix:      fmt.Sprintf("give every agent --dual-stack-subnet with an %s CIDR for the leaders' WireGuard IPs (chart: dualStackTransitCIDR; docs/dual-stack.md)", other),
+			Runbook:  runbook(IDSecondFamilyNotMeshed)}}
+	}
+	var fs []Finding
+	for _, r := range ref.Rejections {
+		if r.Reason != topology.ReasonSingleFamily || r.Object.Kind != "Node" {
+			continue
+		}
+		fs = append(fs, Finding{Severity: Warning, Check: "address families", ID: IDSingleFamilySegment, Subject: "node " + r.Object.Name,
+			Message: r.Message, Evidence: []string{"node " + r.Object.Name + " leads its segment and publishes no " + topology.AnnotationVersion + " (kg)"},
+			Fix:     "run meshlet on the segment's nodes (docs/dropin.md), or lead the segment from a node that runs it (docs/failover.md#marks)",
+			Runbook: runbook(IDSingleFamilySegment)})
+	}
+	return fs
 }
 
 // IDs lists the IDs of the named findings among fs.

@@ -1,6 +1,7 @@
 package diagnose
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"slices"
@@ -296,7 +297,8 @@ func TestRunbookSections(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/runbooks.md has no part for meshlet diagnose's findings")
 	}
-	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped, IDPathMTU, IDHostRoute}
+	ids := []string{IDLocationLabel, IDTopologyLabel, IDDuplicateKey, IDNATNoKeepalive, IDNoReply, IDInboundBlocked, IDIPForwardOff, IDPeerDNS, IDCiliumTunl, IDPeerAdmission, IDPrivateEndpoint, IDLeaderPathDropped, IDPathMTU, IDHostRoute,
+		IDSecondFamilyNotMeshed, IDSingleFamilySegment}
 	var sections []string
 	for _, l := range strings.Split(part, "\n") {
 		if h, ok := strings.CutPrefix(l, "## "); ok {
@@ -307,5 +309,45 @@ func TestRunbookSections(t *testing.T) {
 	slices.Sort(sections)
 	if !slices.Equal(ids, sections) {
 		t.Errorf("sections %q, want one per finding ID %q", sections, ids)
+	}
+}
+
+// TestFamilyFindings: a dual-stack cluster meshed in one family is named,
+// and in a dual-stack mesh the segment whose leader runs kg.
+func TestFamilyFindings(t *testing.T) {
+	nodes := func(bVersion string) []topology.Node {
+		ns := []topology.Node{node("a1", "x", 1, "v1"), node("a2", "x", 2, "v1"), node("b1", "y", 3, bVersion)}
+		for i := range ns {
+			ns[i].DualStackPodCIDR = netip.MustParsePrefix(fmt.Sprintf("fd10::%x:0:0:0/64", i))
+		}
+		return ns
+	}
+	for _, tc := range []struct {
+		name      string
+		dualStack string
+		bVersion  string
+		want      []string
+	}{
+		{"single-stack", "", "", []string{IDSecondFamilyNotMeshed + " mesh"}},
+		{"dual-stack, b1 runs kg", "fd4b::/64", "", []string{IDSingleFamilySegment + " node b1"}},
+		{"dual-stack, all meshlet", "fd4b::/64", "v1", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := topology.Snapshot{Now: now, Nodes: nodes(tc.bVersion)}
+			if tc.dualStack != "" {
+				snap.Settings.DualStackSubnet = netip.MustParsePrefix(tc.dualStack)
+			}
+			ref := planner.Compute(snap, topology.Self{Name: "a1", PublicKey: snap.Nodes[0].PublicKey, Version: "v1"})
+			var got []string
+			for _, f := range FamilyFindings(snap, ref) {
+				got = append(got, f.ID+" "+f.Subject)
+				if f.Runbook == "" || f.Fix == "" || len(f.Evidence) == 0 {
+					t.Errorf("finding %s lacks runbook, fix or evidence: %+v", f.ID, f)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("findings %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -91,11 +91,14 @@ func (d *drawing) cluster(parent, name string, segs []topology.SegmentInfo) []st
 	for _, s := range segs {
 		loc := quote("cluster_" + name + "_" + s.Name)
 		d.check(d.g.AddSubGraph(sub, loc, map[string]string{string(gographviz.Label): quote(s.Name), string(gographviz.Style): `"dashed,rounded"`}))
-		leader := d.node(loc, name, s.Leader, s.WireGuardIP, true)
+		// A segment with a second WireGuard IP carries both families
+		// (docs/dual-stack.md): its nodes show their second addresses.
+		dual := s.DualStackWireGuardIP.IsValid()
+		leader := d.node(loc, name, s.Leader, []netip.Prefix{s.WireGuardIP, s.DualStackWireGuardIP}, true, dual)
 		leaders = append(leaders, leader)
 		for _, n := range s.Nodes {
 			if n != s.Leader {
-				d.edge(leader, d.node(loc, name, n, netip.Prefix{}, false), nil)
+				d.edge(leader, d.node(loc, name, n, nil, false, dual), nil)
 			}
 		}
 	}
@@ -116,15 +119,21 @@ func orLocal(name string) string {
 
 // node adds a node with its label (name, pod CIDR, private IP, and for a
 // leader its WireGuard IP and endpoint) and returns its id.
-func (d *drawing) node(sub, cluster, name string, wgIP netip.Prefix, leader bool) string {
+func (d *drawing) node(sub, cluster, name string, wgIPs []netip.Prefix, leader, dual bool) string {
 	id := quote(key(cluster, name))
 	label := []string{name}
 	if n, ok := d.nodes[key(cluster, name)]; ok {
 		for _, c := range n.PodCIDRs {
 			label = append(label, c.String())
 		}
+		if dual && n.DualStackPodCIDR.IsValid() {
+			label = append(label, n.DualStackPodCIDR.String())
+		}
 		if n.InternalIP.IsValid() {
 			label = append(label, n.InternalIP.Addr().String())
+		}
+		if dual && n.DualStackInternalIP.IsValid() {
+			label = append(label, n.DualStackInternalIP.Addr().String())
 		}
 		if leader && n.Endpoint != "" {
 			label = append(label, n.Endpoint)
@@ -132,8 +141,10 @@ func (d *drawing) node(sub, cluster, name string, wgIP netip.Prefix, leader bool
 	}
 	attrs := map[string]string{string(gographviz.Shape): "ellipse"}
 	if leader {
-		if wgIP.IsValid() {
-			label = append(label, "wg "+wgIP.String())
+		for _, ip := range wgIPs {
+			if ip.IsValid() {
+				label = append(label, "wg "+ip.String())
+			}
 		}
 		attrs[string(gographviz.Style)] = "bold"
 		attrs[string(gographviz.Rank)] = "1"

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -271,6 +272,44 @@ func FuzzNodeAnnotations(f *testing.F) {
 		s, _ := TransformNode(n)
 		r2 := ConvertNode(s.(*corev1.Node), "c")
 		if !reflect.DeepEqual(r, r2) {
+			t.Fatal("transform changed the conversion")
+		}
+	})
+}
+
+// FuzzDualStackNode converts a Node whose second-family fields are fuzzed:
+// spec.podCIDRs (comma-separated here) and meshlet's dual-stack
+// annotations. The second pod CIDR is masked and of the other family than
+// the first, and what converts formats back to the same annotations.
+func FuzzDualStackNode(f *testing.F) {
+	f.Add("10.2.0.0/24,fd00:2::/64", "fd00::1/64", "fd4b::1/64")
+	f.Add("fd00:2::/64,10.2.0.0/24", "10.0.0.1/24", "10.5.0.1/16")
+	f.Add("10.2.0.0/24,10.3.0.0/24", "x", "")
+	f.Add(",fd00::/64", "fd00::1", "::/0")
+	f.Fuzz(func(t *testing.T, podCIDRs, internal, wgIP string) {
+		cidrs := strings.Split(podCIDRs, ",")
+		n := &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
+				topology.AnnotationDualStackInternalIP: internal, topology.AnnotationDualStackWireGuardIP: wgIP,
+			}},
+			Spec: corev1.NodeSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
+		}
+		r := ConvertNode(n, "c")
+		if d := r.Node.DualStackPodCIDR; d.IsValid() {
+			if d != d.Masked() || len(r.Node.PodCIDRs) != 1 || d.Addr().Is4() == r.Node.PodCIDRs[0].Addr().Is4() {
+				t.Fatalf("second pod CIDR %s beside %v", d, r.Node.PodCIDRs)
+			}
+		}
+		a := NodeAnnotations(r.Node)
+		for _, k := range []string{topology.AnnotationDualStackInternalIP, topology.AnnotationDualStackWireGuardIP} {
+			back := ConvertNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{k: a[k]}}}, "c")
+			if back.Node.DualStackInternalIP != r.Node.DualStackInternalIP && k == topology.AnnotationDualStackInternalIP ||
+				back.Node.DualStackWireGuardIP != r.Node.DualStackWireGuardIP && k == topology.AnnotationDualStackWireGuardIP {
+				t.Fatalf("%s: %q does not convert back", k, a[k])
+			}
+		}
+		s, _ := TransformNode(n)
+		if r2 := ConvertNode(s.(*corev1.Node), "c"); !reflect.DeepEqual(r, r2) {
 			t.Fatal("transform changed the conversion")
 		}
 	})

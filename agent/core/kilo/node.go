@@ -42,7 +42,9 @@ func NodeToTopology(node *corev1.Node, cluster string) (topology.Node, []topolog
 //   - ExternalIPs: status.addresses of type ExternalIP, IPv4 first.
 //   - PodCIDRs: spec.podCIDR (else the first of spec.podCIDRs), masked: Kilo
 //     routes one pod CIDR per node, so a dual-stack node's second family is
-//     not part of the mesh (docs/kilo-compatibility.md).
+//     not part of the mesh (docs/kilo-compatibility.md); DualStackPodCIDR
+//     is the first of spec.podCIDRs of the other family, which only a
+//     dual-stack mesh uses (docs/dual-stack.md).
 //   - Endpoint: force-endpoint if valid, else endpoint (Kilo's fall-back);
 //     ForceEndpoint and ClusterMeshEndpoint are kept separately for the
 //     remote chain, and Node.MalformedEndpoint records a malformed one.
@@ -99,6 +101,12 @@ func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	if n.WireGuardIP, err = ParsePrefix(a[topology.AnnotationWireGuardIP]); err != nil {
 		reject(topology.AnnotationWireGuardIP, topology.ReasonInvalidCIDR, err)
 	}
+	if n.DualStackInternalIP, err = ParsePrefix(a[topology.AnnotationDualStackInternalIP]); err != nil {
+		reject(topology.AnnotationDualStackInternalIP, topology.ReasonInvalidCIDR, err)
+	}
+	if n.DualStackWireGuardIP, err = ParsePrefix(a[topology.AnnotationDualStackWireGuardIP]); err != nil {
+		reject(topology.AnnotationDualStackWireGuardIP, topology.ReasonInvalidCIDR, err)
+	}
 	if n.CNICompatibilityIP, err = ParsePrefix(a[topology.AnnotationCNICompatibilityIP]); err != nil {
 		reject(topology.AnnotationCNICompatibilityIP, topology.ReasonInvalidCIDR, err)
 	}
@@ -133,6 +141,7 @@ func (l Limits) ConvertNode(node *corev1.Node, cluster string) NodeResult {
 	}
 
 	n.PodCIDRs = podCIDRs(node, reject)
+	n.DualStackPodCIDR = dualStackPodCIDR(node, n.PodCIDRs, reject)
 	n.Ready = nodeReady(node)
 	// Kilo's topology ignores both; only the Lease's holder reads them
 	// (docs/failover.md#restart).
@@ -264,6 +273,25 @@ func podCIDRs(node *corev1.Node, reject rejectFunc) []netip.Prefix {
 	return []netip.Prefix{p.Masked()}
 }
 
+// dualStackPodCIDR is the first of spec.podCIDRs of the other family than
+// the node's pod CIDR (Kilo's); zero when there is none.
+func dualStackPodCIDR(node *corev1.Node, first []netip.Prefix, reject rejectFunc) netip.Prefix {
+	if len(first) == 0 {
+		return netip.Prefix{}
+	}
+	for _, s := range node.Spec.PodCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			reject("spec.podCIDRs", topology.ReasonInvalidCIDR, fmt.Errorf("invalid pod CIDR %s: %w", quote(s), err))
+			return netip.Prefix{}
+		}
+		if p.Addr().Is4() != first[0].Addr().Is4() {
+			return p.Masked()
+		}
+	}
+	return netip.Prefix{}
+}
+
 // nodeReady reports the NodeReady condition; true when absent.
 func nodeReady(node *corev1.Node) bool {
 	for _, c := range node.Status.Conditions {
@@ -301,6 +329,8 @@ func NodeAnnotations(n topology.Node) map[string]string {
 	set(topology.AnnotationKey, FormatKey(n.PublicKey))
 	set(topology.AnnotationWireGuardIP, topology.FormatPrefix(n.WireGuardIP))
 	set(topology.AnnotationCNICompatibilityIP, topology.FormatPrefix(n.CNICompatibilityIP))
+	set(topology.AnnotationDualStackInternalIP, topology.FormatPrefix(n.DualStackInternalIP))
+	set(topology.AnnotationDualStackWireGuardIP, topology.FormatPrefix(n.DualStackWireGuardIP))
 	if !n.LastSeen.IsZero() {
 		a[topology.AnnotationLastSeen] = topology.FormatLastSeen(n.LastSeen)
 	}

@@ -54,8 +54,13 @@ func benchKey(c, i int) topology.Key {
 // with 10 remote clusters of 1000 nodes (target: under 50 ms per plan).
 func BenchmarkPlan(b *testing.B) {
 	snap, self := benchSnapshot()
+	benchPlan(b, snap, self, func(pl topology.Plan) bool { return pl.Leader && len(pl.WireGuard.Peers) >= 100 })
+}
+
+// benchPlan measures Compute on one input, once the plan is what ok wants.
+func benchPlan(b *testing.B, snap topology.Snapshot, self topology.Self, ok func(topology.Plan) bool) {
 	pl := Compute(snap, self)
-	if !pl.Leader || len(pl.WireGuard.Peers) < 100 {
+	if !ok(pl) {
 		b.Fatalf("leader=%v peers=%d rejections=%v", pl.Leader, len(pl.WireGuard.Peers), pl.Rejections[:min(3, len(pl.Rejections))])
 	}
 	b.ReportAllocs()
@@ -65,4 +70,27 @@ func BenchmarkPlan(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(pl.WireGuard.Peers)), "peers")
 	b.ReportMetric(float64(len(pl.Routes)), "routes")
+}
+
+// BenchmarkPlanDualStack: BenchmarkPlan's mesh dual-stack, every node
+// with an IPv6 pod CIDR and private IP (goal: at most twice BenchmarkPlan's
+// time and allocations; docs/performance.md#data-plane-and-planner).
+func BenchmarkPlanDualStack(b *testing.B) {
+	snap, self := benchSnapshot()
+	for i := range snap.Nodes {
+		snap.Nodes[i].MeshletVersion = "v1"
+	}
+	snap, self = withSecondFamily(snap, self)
+	self.Version = "v1"
+	for i := range snap.Remotes {
+		for j := range snap.Remotes[i].Nodes {
+			snap.Remotes[i].Nodes[j].MeshletVersion = "v1"
+		}
+		snap.Meshes[0].Clusters[i+1].AllowedNetworks = append(snap.Meshes[0].Clusters[i+1].AllowedNetworks, pfx(fmt.Sprintf("fd%x::/16", 0x20+i)))
+	}
+	snap.Meshes[0].Clusters[0].AllowedNetworks = append(snap.Meshes[0].Clusters[0].AllowedNetworks, pfx("fd10:244::/32"))
+	snap.Settings.DualStackSubnet = pfx("fd4b::/64")
+	benchPlan(b, snap, self, func(pl topology.Plan) bool {
+		return pl.Leader && len(pl.WireGuard.Peers) >= 100 && pl.DualStackWireGuardIP.IsValid()
+	})
 }

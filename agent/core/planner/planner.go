@@ -32,13 +32,16 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 	if decision.Veto {
 		local = local.WithoutLeader(self.Name)
 	}
+	// The second address family rides on the final topology.
+	local, dualRejs := local.WithDualStack(set)
 	pl := topology.Plan{
 		Node: self.Name, Cluster: set.ClusterName,
 		PrivateIP: host.Private.Prefix, PrivateInterface: host.Private.Interface, Endpoint: host.Endpoint,
+		DualStackPrivateIP: host.DualStackPrivate.Prefix, IPv6Forwarding: set.CarriesIPv6(),
 		WireGuard:  topology.Device{Interface: set.Interface, ListenPort: set.Port, MTU: host.MTU},
 		Leadership: decision.Leadership, Segments: local.Infos(set),
 	}
-	rejections := append(append([]topology.Rejection(nil), snap.Rejections...), local.Rejections...)
+	rejections := append(append(append([]topology.Rejection(nil), snap.Rejections...), local.Rejections...), dualRejs...)
 	cniSubnet, rejs := topology.CNIRange(set, self, topology.Published(snap.Nodes, self.Name))
 	pl.CNISubnet = cniSubnet
 	rejections = append(rejections, rejs...)
@@ -61,6 +64,10 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 			pl.WireGuardIP = netip.PrefixFrom(seg.WireGuardIP, set.Subnet.Bits())
 			pl.WireGuard.Up = true
 			pl.WireGuard.Addresses = []netip.Prefix{pl.WireGuardIP}
+			if seg.DualStackWireGuardIP.IsValid() {
+				pl.DualStackWireGuardIP = netip.PrefixFrom(seg.DualStackWireGuardIP, set.DualStackSubnet.Bits())
+				pl.WireGuard.Addresses = append(pl.WireGuard.Addresses, pl.DualStackWireGuardIP)
+			}
 		}
 		discovered := topology.Discovered(self, local)
 		dev := topology.DevicePeers(topology.DeviceInput{Settings: set, Self: self, Local: local, Leader: pl.Leader, Peers: peers,
@@ -80,6 +87,9 @@ func Compute(snap topology.Snapshot, self topology.Self) topology.Plan {
 	// What this node publishes: Kilo's annotations, its health, the
 	// endpoints it learned.
 	pl.Annotations = topology.Annotations(self, host, set, snap.Now, pl.WireGuardIP, pl.Leader)
+	for k, v := range topology.DualStackAnnotations(set, host, pl.DualStackWireGuardIP, snap.Published) {
+		pl.Annotations[k] = v
+	}
 	if l := pl.Leadership; l != nil && l.Claim {
 		// The Lease's holder carries meshlet's leader mark, which kg and
 		// kgctl follow (docs/failover.md#marks); a location with a user's

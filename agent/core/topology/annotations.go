@@ -53,6 +53,14 @@ const (
 	// (docs/kilo-compatibility.md#mixed).
 	AnnotationSeen = "meshlet.io/seen"
 
+	// AnnotationDualStackInternalIP and AnnotationDualStackWireGuardIP are
+	// a node's private IP and (on a leader) WireGuard IP of the dual-stack
+	// subnet's family, in the formats of Kilo's internal-ip and
+	// wireguard-ip; written only in a dual-stack mesh (docs/dual-stack.md).
+	// kg and kgctl read no meshlet.io/ annotation.
+	AnnotationDualStackInternalIP  = "meshlet.io/dual-stack-internal-ip"
+	AnnotationDualStackWireGuardIP = "meshlet.io/dual-stack-wireguard-ip"
+
 	// LeaderLeaseValue is the value of the leader annotation meshlet writes
 	// on the holder of a location's Lease; Kilo looks only at the
 	// annotation's presence, so kg and kgctl follow it, and any other value

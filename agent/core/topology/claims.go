@@ -303,8 +303,10 @@ func ClaimNodeAddresses(l Local, nodes []Node, set Settings) (*Claims, []Rejecti
 	groups := make(map[*Segment]string, len(l.Segments))
 	for _, s := range l.Segments {
 		groups[s] = locationGroup(s, set)
-		if s.WireGuardIP.IsValid() {
-			cs.hold(host(s.WireGuardIP), claimant{kind: claimWireGuardIP, owner: "segment " + s.Key, group: groups[s]})
+		for _, ip := range []netip.Addr{s.WireGuardIP, s.DualStackWireGuardIP} {
+			if ip.IsValid() {
+				cs.hold(host(ip), claimant{kind: claimWireGuardIP, owner: "segment " + s.Key, group: groups[s]})
+			}
 		}
 	}
 	for _, p := range set.ServiceCIDRs {
@@ -342,33 +344,39 @@ func ClaimNodeAddresses(l Local, nodes []Node, set Settings) (*Claims, []Rejecti
 	}
 	addrs := reportedAddresses(nodes, l)
 	for _, m := range ready {
-		n := m.n
-		if !n.InternalIP.IsValid() {
-			continue
-		}
-		ref := ObjectRef{Kind: "Node", Name: n.Name}
-		a := n.InternalIP.Addr()
-		if other := addrs.otherOwner(a, n.Name); other != "" {
-			n.PrivateIPRefused = true
-			rejs = append(rejs, Rejection{Object: ref, Field: "internal-ip", Reason: ReasonDuplicatePrivateIP,
-				Message: a.String() + " is " + other + ": routed to neither from other locations"})
-			continue
-		}
 		c := claimant{kind: claimPrivateIP, owner: m.owner, group: m.group}
-		if reason, why, ok := cs.claim(host(a), c); !ok {
-			n.PrivateIPRefused = true
-			rejs = append(rejs, Rejection{Object: ref, Field: "internal-ip", Reason: reasonOr(reason, ReasonDuplicatePrivateIP),
-				Message: why + ": not routed to this node from other locations"})
-			continue
-		}
-		if r := n.InternalIP.Masked(); r.Bits() < a.BitLen() {
-			if _, _, broad := ClaimTooBroad(r); !broad {
-				c.kind = claimPrivateRange
-				cs.hold(r, c)
-			}
-		}
+		rejs = append(rejs, admitPrivateIP(cs, addrs, m.n, m.n.InternalIP, "internal-ip", &m.n.PrivateIPRefused, c)...)
+		rejs = append(rejs, admitPrivateIP(cs, addrs, m.n, m.n.DualStackInternalIP, AnnotationDualStackInternalIP, &m.n.DualStackRefused, c)...)
 	}
 	return cs, rejs
+}
+
+// admitPrivateIP admits one private IP of node n (ip, of the annotation
+// field): refused, it is marked so (refused) and routed to the node from
+// no other location; admitted, its network is held too, when not too broad.
+func admitPrivateIP(cs *Claims, addrs addressOwners, n *Node, ip netip.Prefix, field string, refused *bool, c claimant) []Rejection {
+	if !ip.IsValid() {
+		return nil
+	}
+	ref := ObjectRef{Kind: "Node", Name: n.Name}
+	a := ip.Addr()
+	if other := addrs.otherOwner(a, n.Name); other != "" {
+		*refused = true
+		return []Rejection{{Object: ref, Field: field, Reason: ReasonDuplicatePrivateIP,
+			Message: a.String() + " is " + other + ": routed to neither from other locations"}}
+	}
+	if reason, why, ok := cs.claim(host(a), c); !ok {
+		*refused = true
+		return []Rejection{{Object: ref, Field: field, Reason: reasonOr(reason, ReasonDuplicatePrivateIP),
+			Message: why + ": not routed to this node from other locations"}}
+	}
+	if r := ip.Masked(); r.Bits() < a.BitLen() {
+		if _, _, broad := ClaimTooBroad(r); !broad {
+			c.kind = claimPrivateRange
+			cs.hold(r, c)
+		}
+	}
+	return nil
 }
 
 func reasonOr(r, def Reason) Reason {
@@ -414,8 +422,10 @@ func reportedAddresses(nodes []Node, l Local) addressOwners {
 		for _, a := range n.ReportedIPs {
 			add(a, n.Name, true)
 		}
-		if n.InternalIP.IsValid() {
-			add(n.InternalIP.Addr(), n.Name, false)
+		for _, ip := range []netip.Prefix{n.InternalIP, n.DualStackInternalIP} {
+			if ip.IsValid() {
+				add(ip.Addr(), n.Name, false)
+			}
 		}
 	}
 	return out

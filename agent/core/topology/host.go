@@ -105,6 +105,9 @@ func sortHostAddresses(as []HostAddress) {
 type Host struct {
 	// Private is the private IP and the interface carrying it.
 	Private HostAddress
+	// DualStackPrivate is the private IP of the dual-stack family and its
+	// interface (secondFamilyPrivate; zero in a single-stack mesh).
+	DualStackPrivate HostAddress
 	// Endpoint is what the node advertises ("" = none).
 	Endpoint string
 	// MTU is the WireGuard interface's.
@@ -145,6 +148,7 @@ func DecideHost(self Self, set Settings, published *Node) Host {
 		}
 	}
 	h.Private = priv
+	h.DualStackPrivate = secondFamilyPrivate(self, set)
 	force := ""
 	if published != nil {
 		force = published.ForceEndpoint

@@ -219,6 +219,9 @@ func electedWithWireGuardIP(seg []*Node) *Node {
 // What the cluster may not claim is left out and rejected (clip).
 func remoteLeaderPeer(r Remote, rc *RemoteCluster, g *remoteGroup, first bool, cs *Claims, self *Node, discovered map[Key]netip.AddrPort, set Settings) (WireGuardPeer, []Rejection) {
 	l := g.leader
+	// A remote segment led by meshlet carries the second family too, in a
+	// dual-stack mesh (docs/dual-stack.md#clustermesh).
+	dual := set.DualStack() && l.MeshletVersion != ""
 	var rejs []Rejection
 	clipped := func(ref ObjectRef, field string, ps []netip.Prefix) []netip.Prefix {
 		out, rs := clip(r, cs, ref, field, ps)
@@ -238,8 +241,15 @@ func remoteLeaderPeer(r Remote, rc *RemoteCluster, g *remoteGroup, first bool, c
 			}
 		}
 		ips = append(ips, clipped(nref, "allowed-location-ips", n.AllowedLocationIPs)...)
+		if dual {
+			ips = append(ips, remoteSecondFamily(r, n, clipped)...)
+		}
 	}
 	ips = append(ips, host(l.WireGuardIP.Addr()))
+	if dual && l.DualStackWireGuardIP.IsValid() && sameFamily(l.DualStackWireGuardIP.Addr(), set.DualStackSubnet.Addr()) {
+		ips = append(ips, clipped(ObjectRef{Kind: "Node", Cluster: r.Entry.Name, Name: l.Name}, AnnotationDualStackWireGuardIP,
+			[]netip.Prefix{host(l.DualStackWireGuardIP.Addr())})...)
+	}
 	if first {
 		// Remote Peers and the allowedNetworks no node covers (service
 		// CIDR, host networks) go through one deterministic leader.
@@ -258,6 +268,23 @@ func remoteLeaderPeer(r Remote, rc *RemoteCluster, g *remoteGroup, first bool, c
 		PersistentKeepalive: ka, KeepaliveSource: src, Roaming: roaming,
 		SessionProbe: sessionProbe(l, l.WireGuardIP.Addr()),
 	}, rejs
+}
+
+// remoteSecondFamily is what a remote node adds of the dual-stack family:
+// its pod CIDR, and its private IP where allowedNetworks covers it (as for
+// the first family), each admitted by clipped.
+func remoteSecondFamily(r Remote, n *Node, clipped func(ObjectRef, string, []netip.Prefix) []netip.Prefix) []netip.Prefix {
+	nref := ObjectRef{Kind: "Node", Cluster: r.Entry.Name, Name: n.Name}
+	var out []netip.Prefix
+	if c := n.DualStackPodCIDR; c.IsValid() && len(n.PodCIDRs) > 0 && !sameFamily(c.Addr(), n.PodCIDRs[0].Addr()) {
+		out = append(out, clipped(nref, "spec.podCIDRs", []netip.Prefix{c})...)
+	}
+	if ip := n.DualStackInternalIP; ip.IsValid() {
+		if _, in := r.allowed.covering(host(ip.Addr())); in {
+			out = append(out, clipped(nref, AnnotationDualStackInternalIP, []netip.Prefix{host(ip.Addr())})...)
+		}
+	}
+	return out
 }
 
 // remoteSegmentKey is Kilo's segment of a remote node, with the remote

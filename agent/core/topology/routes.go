@@ -1,6 +1,9 @@
 package topology
 
-import "net/netip"
+import (
+	"net/netip"
+	"slices"
+)
 
 // Tunnel device names: Cilium creates cilium_tunl with
 // enable-ipip-termination, flannel's VXLAN backend flannel.1; otherwise the
@@ -38,16 +41,22 @@ type RoutePlan struct {
 type routeBuilder struct {
 	in  RouteInput
 	out RoutePlan
+	// twins: the second family's counterparts of first-family sources
+	// and next hops (familyTwins; nil in a single-stack mesh).
+	twins map[netip.Addr]netip.Addr
 }
 
 // Routes computes the routes and rules of this node (Kilo's pkg/mesh
 // Routes, extended with routes to remote clusters).
 func Routes(in RouteInput) RoutePlan {
-	b := &routeBuilder{in: in}
+	b := &routeBuilder{in: in, twins: familyTwins(in.Local, in.Settings)}
 	if in.Leader {
 		b.leaderRoutes()
 	} else {
 		b.nonLeaderRoutes()
+	}
+	if in.Settings.CarriesIPv6() && !slices.ContainsFunc(b.out.Routes, func(r Route) bool { return r.Dev == b.out.Tunnel.Name }) {
+		b.out.Tunnel = Tunnel{} // only IPv6 asked for it, and left it (inFamily)
 	}
 	return b.out
 }
@@ -73,6 +82,9 @@ func (b *routeBuilder) tunnel() string {
 // encapsulates tells whether traffic to gw goes through the IPIP tunnel
 // (--encapsulate=always, or crosssubnet and gw outside the private subnet).
 func (b *routeBuilder) encapsulates(gw netip.Addr) bool {
+	if gw.Is6() && b.in.Settings.CarriesIPv6() {
+		return false // IPIP carries IPv4 alone (docs/dual-stack.md#encapsulation)
+	}
 	switch b.in.Settings.Encapsulate {
 	case EncapsulateAlways:
 		return true
@@ -102,6 +114,11 @@ func (b *routeBuilder) viaGateway(dst netip.Prefix, gw netip.Addr) Route {
 // network address of its pod CIDR (flannel.1's address there); otherwise
 // n's private IP.
 func gatewayOf(n *Node, set Settings) netip.Addr {
+	if n.InternalIP.Addr().Is6() && set.CarriesIPv6() {
+		// IPv6 takes no tunnel, so no CNI's gateway behind one: the
+		// node's private IP on the underlay (docs/dual-stack.md#encapsulation).
+		return n.InternalIP.Addr()
+	}
 	if set.Compatibility == CompatibilityFlannel && len(n.PodCIDRs) > 0 {
 		return n.PodCIDRs[0].Masked().Addr()
 	}
@@ -116,7 +133,15 @@ func gatewayOf(n *Node, set Settings) netip.Addr {
 	return n.InternalIP.Addr()
 }
 
-func (b *routeBuilder) add(rs ...Route)    { b.out.Routes = append(b.out.Routes, rs...) }
+func (b *routeBuilder) add(rs ...Route) {
+	for _, r := range rs {
+		b.out.Routes = append(b.out.Routes, b.inFamily(r))
+	}
+}
+
+// addRule adds rules of the IPIP return path (table 1107): IPv4's alone,
+// as the second family never takes the tunnel (oneFamilyRules drops a rule
+// mixing them).
 func (b *routeBuilder) addRule(rs ...Rule) { b.out.Rules = append(b.out.Rules, rs...) }
 
 // localSegmentRoutes: with --local, routes inside this node's location go
@@ -177,6 +202,9 @@ func (b *routeBuilder) leaderRoutes() {
 			if ip, ok := n.routedPrivateIP(); ok && ip.Addr() != endpointIP {
 				b.add(Route{Dst: ip, Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
 			}
+			if ip, ok := n.routedDualStackIP(); ok && ip.Addr() != endpointIP {
+				b.add(Route{Dst: ip, Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
+			}
 		}
 		for _, a := range s.AllowedLocationIPs {
 			b.add(Route{Dst: a, Gw: s.WireGuardIP, Dev: dev, OnLink: true, Src: src})
@@ -213,8 +241,8 @@ func (b *routeBuilder) ciliumReturnRoutes(s *Segment) {
 		}
 		priv := n.InternalIP.Addr()
 		gw := gatewayOf(n, set)
-		if !gw.IsValid() || gw == priv {
-			continue
+		if !gw.IsValid() || gw == priv || (priv.Is6() && set.CarriesIPv6()) {
+			continue // IPv6 takes no tunnel: no return path through it
 		}
 		b.add(Route{Dst: host(priv), Gw: gw, Dev: b.tunnel(), OnLink: true, Table: KiloTable})
 		b.addRule(Rule{Iif: set.Interface, Dst: host(priv), Table: KiloTable})
@@ -233,6 +261,9 @@ func (b *routeBuilder) nonLeaderRoutes() {
 		if s.WireGuardIP.IsValid() {
 			b.add(b.viaGateway(host(s.WireGuardIP), gw))
 		}
+		if s.DualStackWireGuardIP.IsValid() {
+			b.add(b.viaGateway(host(s.DualStackWireGuardIP), gw))
+		}
 		if l.SameLocation(s, set) {
 			b.localSegmentRoutes(s)
 			continue
@@ -242,6 +273,9 @@ func (b *routeBuilder) nonLeaderRoutes() {
 				b.add(b.viaGateway(c, gw))
 			}
 			if ip, ok := n.routedPrivateIP(); ok {
+				b.add(b.viaGateway(ip, gw))
+			}
+			if ip, ok := n.routedDualStackIP(); ok {
 				b.add(b.viaGateway(ip, gw))
 			}
 		}
@@ -319,6 +353,9 @@ func ForwardFor(l Local, leader bool, set Settings) []netip.Prefix {
 			out = append(out, n.PodCIDRs...)
 			if n.InternalIP.IsValid() {
 				out = append(out, host(n.InternalIP.Addr()))
+			}
+			if n.DualStackInternalIP.IsValid() {
+				out = append(out, host(n.DualStackInternalIP.Addr()))
 			}
 		}
 		out = append(out, s.AllowedLocationIPs...)

@@ -33,6 +33,9 @@ type Segment struct {
 	// Leader is the index in Nodes of the leader.
 	Leader      int
 	WireGuardIP netip.Addr // invalid when the subnet has no address left
+	// DualStackWireGuardIP is the segment's address of the dual-stack
+	// subnet (Local.WithDualStack; invalid in a single-stack mesh).
+	DualStackWireGuardIP netip.Addr
 	// AllowedLocationIPs after Kilo's overlap filter.
 	AllowedLocationIPs []netip.Prefix
 }
@@ -50,9 +53,15 @@ func (s *Segment) AllowedIPs() []netip.Prefix {
 		if ip, ok := n.routedPrivateIP(); ok {
 			out = append(out, ip)
 		}
+		if ip, ok := n.routedDualStackIP(); ok {
+			out = append(out, ip)
+		}
 	}
 	if s.WireGuardIP.IsValid() {
 		out = append(out, host(s.WireGuardIP))
+	}
+	if s.DualStackWireGuardIP.IsValid() {
+		out = append(out, host(s.DualStackWireGuardIP))
 	}
 	return append(out, s.AllowedLocationIPs...)
 }
@@ -178,6 +187,7 @@ func overlaySelf(n Node, self Self, h Host, now time.Time) Node {
 	if h.Private.Prefix.IsValid() {
 		n.InternalIP = h.Private.Prefix
 	}
+	n.DualStackInternalIP = h.DualStackPrivate.Prefix
 	if self.CiliumHostIP.IsValid() {
 		n.CNICompatibilityIP = self.CiliumHostIP
 	}
@@ -272,7 +282,8 @@ func (l Local) Infos(set Settings) []SegmentInfo {
 		}
 		out = append(out, SegmentInfo{
 			Name: s.Key, Location: loc, Leader: s.LeaderNode().Name, Nodes: nodeNames(s.Nodes),
-			WireGuardIP: prefixOrZero(s.WireGuardIP, set.Subnet.Bits()),
+			WireGuardIP:          prefixOrZero(s.WireGuardIP, set.Subnet.Bits()),
+			DualStackWireGuardIP: prefixOrZero(s.DualStackWireGuardIP, set.DualStackSubnet.Bits()),
 		})
 	}
 	return out

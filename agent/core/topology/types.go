@@ -69,15 +69,19 @@ const (
 
 // Settings are the agent's flags that shape the plan.
 type Settings struct {
-	Interface     string        // default "kilo0"
-	Granularity   Granularity   // default location
-	Subnet        netip.Prefix  // mesh subnet, default 10.4.0.0/16
-	Port          int           // listen port, default 51820
-	Encapsulate   Encapsulate   // default always (Kilo's default)
-	Local         bool          // --local: routes inside a location
-	Compatibility Compatibility // "" or cilium
-	TopologyLabel string        // default topology.kubernetes.io/region
-	ServiceCIDRs  []netip.Prefix
+	Interface   string       // default "kilo0"
+	Granularity Granularity  // default location
+	Subnet      netip.Prefix // mesh subnet, default 10.4.0.0/16
+	// DualStackSubnet is --dual-stack-subnet: the mesh subnet of the other
+	// address family than Subnet. Set, the mesh carries both families
+	// (docs/dual-stack.md); zero, it carries Subnet's alone, as kg does.
+	DualStackSubnet netip.Prefix
+	Port            int           // listen port, default 51820
+	Encapsulate     Encapsulate   // default always (Kilo's default)
+	Local           bool          // --local: routes inside a location
+	Compatibility   Compatibility // "" or cilium
+	TopologyLabel   string        // default topology.kubernetes.io/region
+	ServiceCIDRs    []netip.Prefix
 	// ClusterName selects this cluster's entry in ClusterMesh objects; empty
 	// means the entry marked local.
 	ClusterName string
@@ -199,16 +203,24 @@ type Node struct {
 	// InternalIPForced: InternalIP is the force-internal-ip annotation's
 	// (zero for "" or "-": the node has no private IP), which wins over
 	// what the node's agent discovers (Kilo's rule).
-	InternalIPForced    bool
-	PublicKey           Key
-	WireGuardIP         netip.Prefix // zero = none
-	PodCIDRs            []netip.Prefix
-	LastSeen            time.Time // zero = never
-	PersistentKeepalive int       // seconds
-	AllowedLocationIPs  []netip.Prefix
-	DiscoveredEndpoints map[Key]netip.AddrPort
-	Granularity         Granularity
-	CNICompatibilityIP  netip.Prefix // cilium_host IP, zero = none
+	InternalIPForced bool
+	PublicKey        Key
+	WireGuardIP      netip.Prefix // zero = none
+	PodCIDRs         []netip.Prefix
+	// DualStackPodCIDR is the first of spec.podCIDRs of the other family
+	// than PodCIDRs' (zero = none); DualStackInternalIP and
+	// DualStackWireGuardIP are meshlet.io/dual-stack-internal-ip and
+	// meshlet.io/dual-stack-wireguard-ip. The plan uses them only in a
+	// dual-stack mesh, on segments led by meshlet (Local.WithDualStack).
+	DualStackPodCIDR     netip.Prefix
+	DualStackInternalIP  netip.Prefix
+	DualStackWireGuardIP netip.Prefix
+	LastSeen             time.Time // zero = never
+	PersistentKeepalive  int       // seconds
+	AllowedLocationIPs   []netip.Prefix
+	DiscoveredEndpoints  map[Key]netip.AddrPort
+	Granularity          Granularity
+	CNICompatibilityIP   netip.Prefix // cilium_host IP, zero = none
 	// LeaderMark: the leader annotation is meshlet's own (value
 	// LeaderLeaseValue), written by the holder of the location's Lease; any
 	// other value is the user's (docs/failover.md#marks).
@@ -260,6 +272,8 @@ type Node struct {
 	// IP is another node's address, or overlaps an earlier claim, so it is
 	// routed to this node from no other location.
 	PrivateIPRefused bool
+	// DualStackRefused is the same for DualStackInternalIP.
+	DualStackRefused bool
 }
 
 // KeepaliveRule is one entry of a Peer's meshlet.io/node-persistent-keepalive
@@ -517,11 +531,18 @@ type Plan struct {
 	Segment          string       `json:"segment"`
 	Location         string       `json:"location,omitempty"`
 	WireGuardIP      netip.Prefix `json:"wireguardIP"`
-	WireGuard        Device       `json:"wireguard"`
-	Routes           []Route      `json:"routes"`
-	Rules            []Rule       `json:"rules"`
-	Tunnel           Tunnel       `json:"tunnel"`
-	NAT              NAT          `json:"nat"`
+	// DualStackPrivateIP and DualStackWireGuardIP are this node's addresses
+	// of the dual-stack subnet's family (Settings.DualStackSubnet).
+	DualStackPrivateIP   netip.Prefix `json:"dualStackPrivateIP,omitzero"`
+	DualStackWireGuardIP netip.Prefix `json:"dualStackWireguardIP,omitzero"`
+	WireGuard            Device       `json:"wireguard"`
+	// IPv6Forwarding: the mesh carries IPv6 (a dual-stack or IPv6 subnet),
+	// so the host forwards IPv6 (net.ipv6.conf.all.forwarding).
+	IPv6Forwarding bool    `json:"ipv6Forwarding,omitempty"`
+	Routes         []Route `json:"routes"`
+	Rules          []Rule  `json:"rules"`
+	Tunnel         Tunnel  `json:"tunnel"`
+	NAT            NAT     `json:"nat"`
 	// Forward are the prefixes accepted in FORWARD, to and from (kg's
 	// --iptables-forward-rules with --cni).
 	Forward []netip.Prefix `json:"forward,omitempty"`
@@ -556,6 +577,9 @@ type SegmentInfo struct {
 	Leader      string       `json:"leader"`
 	Nodes       []string     `json:"nodes"`
 	WireGuardIP netip.Prefix `json:"wireguardIP,omitzero"`
+	// DualStackWireGuardIP is the segment's address of the dual-stack
+	// subnet (zero: single-stack, or the segment carries one family).
+	DualStackWireGuardIP netip.Prefix `json:"dualStackWireguardIP,omitzero"`
 }
 
 // RemoteInfo summarises one remote cluster in the plan.
@@ -629,6 +653,10 @@ const (
 	// (its default route, a connected network, a CNI's or DHCP's route):
 	// meshlet leaves that route alone and does not install its own.
 	ReasonHostRoute Reason = "HostRouteConflict"
+	// ReasonSingleFamily: in a dual-stack mesh, a segment carries only
+	// the first family, because its leader runs kg (Kilo plans one
+	// family), or a node's address of the second family is refused.
+	ReasonSingleFamily Reason = "SingleFamily"
 	// ReasonNoPrivateIP: in cross granularity, a node that shares its
 	// location with others has no private IP, over which they would reach
 	// it: none of them routes to it.

@@ -39,19 +39,21 @@ const DefaultStatusSocket = "/run/meshlet/status.sock"
 
 // Config is the agent's configuration.
 type Config struct {
-	Hostname      string
-	Kubeconfig    string
-	Namespace     string
-	ClusterName   string
-	Interface     string
-	Port          int
-	Subnet        string
-	Granularity   string
-	TopologyLabel string
-	Local         bool
-	Compatibility string
-	Encapsulate   string
-	MTU           string
+	Hostname    string
+	Kubeconfig  string
+	Namespace   string
+	ClusterName string
+	Interface   string
+	Port        int
+	Subnet      string
+	// DualStackSubnet is --dual-stack-subnet (docs/dual-stack.md).
+	DualStackSubnet string
+	Granularity     string
+	TopologyLabel   string
+	Local           bool
+	Compatibility   string
+	Encapsulate     string
+	MTU             string
 	// InternalCIDRs limit the discovery of the private IP (kg's
 	// --internal-cidr); PrivateIP sets it outright.
 	InternalCIDRs stringList
@@ -120,6 +122,7 @@ type Config struct {
 
 type parsed struct {
 	subnet    netip.Prefix
+	dualStack netip.Prefix
 	private   netip.Prefix
 	internals []netip.Prefix
 	services  []netip.Prefix
@@ -147,6 +150,7 @@ func (c *Config) RegisterTopology(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Interface, "interface", "kilo0", "name of the WireGuard interface")
 	fs.IntVar(&c.Port, "port", 51820, "WireGuard listen port")
 	fs.StringVar(&c.Subnet, "subnet", "10.4.0.0/16", "CIDR from which segment leaders get their WireGuard IPs")
+	fs.StringVar(&c.DualStackSubnet, "dual-stack-subnet", "", "CIDR of the other address family than --subnet's: the mesh carries both families, leaders get WireGuard IPs of both (docs/dual-stack.md)")
 	fs.StringVar(&c.Granularity, "mesh-granularity", "location", "location, full or cross")
 	fs.StringVar(&c.TopologyLabel, "topology-label", "topology.kubernetes.io/region", "node label that names a node's location")
 	if fs.Lookup("local") == nil {
@@ -297,10 +301,12 @@ func (c *Config) checkModes(bad problem) {
 
 // checkAddresses: the mesh subnet and the prefixes given on the command line.
 func (c *Config) checkAddresses(bad problem) {
-	if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Bits() > 30 {
-		bad("subnet", "%q must be an IPv4 CIDR of /30 or larger", c.Subnet)
-	} else {
-		c.parsed.subnet = p.Masked()
+	c.parsed.subnet = meshSubnet(bad, "subnet", c.Subnet)
+	if c.DualStackSubnet != "" {
+		c.parsed.dualStack = meshSubnet(bad, "dual-stack-subnet", c.DualStackSubnet)
+		if s, d := c.parsed.subnet, c.parsed.dualStack; s.IsValid() && d.IsValid() && s.Addr().Is4() == d.Addr().Is4() {
+			bad("dual-stack-subnet", "%q must be of the other address family than --subnet %s", c.DualStackSubnet, c.Subnet)
+		}
 	}
 	c.parsed.internals = parseCIDRs(bad, "internal-cidr", c.InternalCIDRs)
 	c.parsed.services = parseCIDRs(bad, "service-cidr", c.ServiceCIDRs)
@@ -311,6 +317,17 @@ func (c *Config) checkAddresses(bad problem) {
 		}
 		c.parsed.private = p
 	}
+}
+
+// meshSubnet parses a subnet leaders' WireGuard IPs come from: IPv4 of /30
+// or larger, or IPv6 of /126 or larger (room for a few segments).
+func meshSubnet(bad problem, flag, s string) netip.Prefix {
+	p, err := netip.ParsePrefix(s)
+	if err != nil || p.Addr().Zone() != "" || p.Addr().Is4In6() || p.Bits() > p.Addr().BitLen()-2 {
+		bad(flag, "%q must be an IPv4 CIDR of /30 or larger or an IPv6 CIDR of /126 or larger", s)
+		return netip.Prefix{}
+	}
+	return p.Masked()
 }
 
 // parseCIDRs parses a repeated CIDR flag, reporting each value that is none.
@@ -392,6 +409,7 @@ func (c *Config) Settings() topology.Settings {
 		Interface:       c.Interface,
 		Granularity:     topology.Granularity(c.Granularity),
 		Subnet:          c.parsed.subnet,
+		DualStackSubnet: c.parsed.dualStack,
 		Port:            c.Port,
 		Encapsulate:     topology.Encapsulate(c.Encapsulate),
 		Local:           c.Local,

@@ -69,6 +69,25 @@ func TestCozystackFlags(t *testing.T) {
 	}
 }
 
+func TestDualStackFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args              []string
+		subnet, dualStack string
+	}{
+		{[]string{"--subnet=10.4.0.0/16", "--dual-stack-subnet=fd4b::/64"}, "10.4.0.0/16", "fd4b::/64"},
+		{[]string{"--subnet=fd4b::1/64"}, "fd4b::/64", "invalid Prefix"},
+		{[]string{"--subnet=fd4b::/64", "--dual-stack-subnet=10.4.0.0/16"}, "fd4b::/64", "10.4.0.0/16"},
+	} {
+		c, err := parse(t, tc.args...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if s := c.Settings(); s.Subnet.String() != tc.subnet || s.DualStackSubnet.String() != tc.dualStack {
+			t.Errorf("%v: subnet %s, dual-stack %s", tc.args, s.Subnet, s.DualStackSubnet)
+		}
+	}
+}
+
 func TestInvalidFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -76,7 +95,11 @@ func TestInvalidFlags(t *testing.T) {
 	}{
 		{[]string{"--port=0"}, "--port"},
 		{[]string{"--subnet=10.4.0.0"}, "--subnet"},
-		{[]string{"--subnet=fd00::/64"}, "--subnet"},
+		{[]string{"--subnet=fd00::/127"}, "--subnet"},
+		{[]string{"--subnet=10.4.0.0/31"}, "--subnet"},
+		{[]string{"--dual-stack-subnet=10.5.0.0/16"}, "--dual-stack-subnet"},
+		{[]string{"--subnet=fd00::/64", "--dual-stack-subnet=fd01::/64"}, "--dual-stack-subnet"},
+		{[]string{"--dual-stack-subnet=fd00::1"}, "--dual-stack-subnet"},
 		{[]string{"--mesh-granularity=region"}, "--mesh-granularity"},
 		{[]string{"--compatibility=calico"}, "--compatibility"},
 		{[]string{"--backend=etcd"}, "--backend"},

@@ -22,6 +22,7 @@ import (
 type Agent struct {
 	Leader             prometheus.Gauge
 	Peers              *prometheus.GaugeVec
+	Routes             *prometheus.GaugeVec
 	Reconciles         *prometheus.CounterVec
 	ReconcileDuration  prometheus.Histogram
 	Convergence        prometheus.Histogram
@@ -42,6 +43,8 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 			Help: "1 when this node leads its segment (kilo0 up, peers configured)."}),
 		Peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_peers",
 			Help: "WireGuard peers in the current plan, by kind (segment, peer, remote)."}, []string{"kind"}),
+		Routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshlet_routes",
+			Help: "Routes in the current plan, by address family (ipv4, ipv6): a dual-stack mesh routes both (docs/dual-stack.md)."}, []string{"family"}),
 		Reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshlet_reconciles_total",
 			Help: "Reconcile runs by result (success, error)."}, []string{"result"}),
 		ReconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meshlet_reconcile_duration_seconds",
@@ -70,7 +73,7 @@ func NewAgent(reg prometheus.Registerer) *Agent {
 	for _, r := range []string{"success", "error"} {
 		a.Reconciles.WithLabelValues(r)
 	}
-	reg.MustRegister(a.Leader, a.Peers, a.Reconciles, a.ReconcileDuration, a.Convergence, a.RemoteClusterReady,
+	reg.MustRegister(a.Leader, a.Peers, a.Routes, a.Reconciles, a.ReconcileDuration, a.Convergence, a.RemoteClusterReady,
 		a.RemoteClusterNodes, a.RemoteClusterClockSkew, a.Rejections, a.RejectionsActive, a.AnnotationPatches, a.DataPlaneChanges)
 	return a
 }

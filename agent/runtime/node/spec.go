@@ -35,10 +35,11 @@ func HostSpec(p topology.Plan) netlinkx.Spec {
 			Name: p.WireGuard.Interface, MTU: p.WireGuard.MTU, Up: p.WireGuard.Up,
 			Addresses: p.WireGuard.Addresses,
 		},
-		Tunnel:   netlinkx.Tunnel(p.Tunnel),
-		Routes:   make([]netlinkx.Route, len(p.Routes)),
-		Rules:    make([]netlinkx.Rule, len(p.Rules)),
-		Firewall: netlinkx.Firewall{NAT: netlinkx.NAT(p.NAT), Forward: p.Forward},
+		Tunnel:         netlinkx.Tunnel(p.Tunnel),
+		Routes:         make([]netlinkx.Route, len(p.Routes)),
+		Rules:          make([]netlinkx.Rule, len(p.Rules)),
+		Firewall:       netlinkx.Firewall{NAT: netlinkx.NAT(p.NAT), Forward: p.Forward},
+		IPv6Forwarding: p.IPv6Forwarding,
 	}
 	for i, r := range p.Routes {
 		s.Routes[i] = netlinkx.Route(r)

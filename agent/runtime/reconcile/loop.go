@@ -553,6 +553,14 @@ func (l *Loop) record(plan topology.Plan, wg, host Changes, patched bool) int {
 	for k, v := range counts {
 		l.Metrics.Peers.WithLabelValues(string(k)).Set(float64(v))
 	}
+	v4 := 0
+	for _, r := range plan.Routes {
+		if r.Dst.Addr().Is4() {
+			v4++
+		}
+	}
+	l.Metrics.Routes.WithLabelValues("ipv4").Set(float64(v4))
+	l.Metrics.Routes.WithLabelValues("ipv6").Set(float64(len(plan.Routes) - v4))
 	if patched {
 		l.Metrics.AnnotationPatches.Inc()
 	}

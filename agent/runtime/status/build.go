@@ -63,6 +63,7 @@ func Build(in Input) Status {
 	s := Status{
 		Node: in.Node, Cluster: in.Cluster, Version: in.Version, At: in.Now,
 		Segment: plan.Segment, Location: plan.Location, WireGuardIP: plan.WireGuardIP, PrivateIP: plan.PrivateIP,
+		DualStackWireGuardIP: plan.DualStackWireGuardIP, DualStackPrivateIP: plan.DualStackPrivateIP,
 		Endpoint: plan.Endpoint, Routes: plan.Routes, Rules: plan.Rules, Rejections: plan.Rejections,
 		Drift: in.Drift, Peers: []Peer{}, FeaturesOff: in.FeaturesOff, ClusterMeshStatusWriter: plan.StatusWriter,
 		LastRun: Run{At: in.Run.At, Duration: in.Run.Duration, Error: in.Run.Error, Ready: in.Ready},

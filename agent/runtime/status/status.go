@@ -28,16 +28,20 @@ type Status struct {
 	Version string    `json:"version"`
 	At      time.Time `json:"at"`
 	// Role is "leader", "non-leader" or "not in the mesh" (not Ready yet).
-	Role        string           `json:"role"`
-	Segment     string           `json:"segment,omitempty"`
-	Location    string           `json:"location,omitempty"`
-	WireGuardIP netip.Prefix     `json:"wireguardIP,omitzero"`
-	PrivateIP   netip.Prefix     `json:"privateIP,omitzero"`
-	Endpoint    string           `json:"endpoint,omitempty"`
-	Device      Device           `json:"device"`
-	Peers       []Peer           `json:"peers"`
-	Routes      []topology.Route `json:"routes"`
-	Rules       []topology.Rule  `json:"rules"`
+	Role        string       `json:"role"`
+	Segment     string       `json:"segment,omitempty"`
+	Location    string       `json:"location,omitempty"`
+	WireGuardIP netip.Prefix `json:"wireguardIP,omitzero"`
+	PrivateIP   netip.Prefix `json:"privateIP,omitzero"`
+	// DualStackWireGuardIP and DualStackPrivateIP are the node's addresses
+	// of the second family, in a dual-stack mesh (docs/dual-stack.md).
+	DualStackWireGuardIP netip.Prefix     `json:"dualStackWireguardIP,omitzero"`
+	DualStackPrivateIP   netip.Prefix     `json:"dualStackPrivateIP,omitzero"`
+	Endpoint             string           `json:"endpoint,omitempty"`
+	Device               Device           `json:"device"`
+	Peers                []Peer           `json:"peers"`
+	Routes               []topology.Route `json:"routes"`
+	Rules                []topology.Rule  `json:"rules"`
 	// Drift lists what differs on the host from the plan (empty: nothing).
 	Drift      []string             `json:"drift,omitempty"`
 	LastRun    Run                  `json:"lastReconcile"`
@@ -137,11 +141,18 @@ func Print(w io.Writer, s Status) error {
 	role := s.Role
 	if s.Role == "leader" {
 		role += " with " + s.WireGuardIP.String()
+		if s.DualStackWireGuardIP.IsValid() {
+			role += " and " + s.DualStackWireGuardIP.String()
+		}
 	}
 	if s.ClusterMeshStatusWriter {
 		role += ", writes the ClusterMesh status"
 	}
-	fmt.Fprintf(tw, "Role: %s, segment %s, private IP %s, endpoint %s\n", role, orDash(s.Segment), prefix(s.PrivateIP), orDash(s.Endpoint))
+	priv := prefix(s.PrivateIP)
+	if s.DualStackPrivateIP.IsValid() {
+		priv += " and " + s.DualStackPrivateIP.String()
+	}
+	fmt.Fprintf(tw, "Role: %s, segment %s, private IP %s, endpoint %s\n", role, orDash(s.Segment), priv, orDash(s.Endpoint))
 	dev := fmt.Sprintf("Device %s: %s, listen port %d, MTU %d, public key %s", s.Device.Interface, orDash(s.Device.Type), s.Device.ListenPort, s.Device.MTU, s.Device.PublicKey)
 	if s.Device.Error != "" {
 		dev += " (unreadable: " + s.Device.Error + ")"
