@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
 )
@@ -144,7 +147,9 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 		}
 	}
 
-	// A one-peer change: a Peer of both families on cluster-a.
+	// A one-peer change: a laptop of both families joins cluster-a as a
+	// Peer without endpoint (it roams), through location x's leader, over
+	// the underlay's family.
 	a := env.Cluster("cluster-a")
 	var aLeaders []*harness.Node
 	for _, l := range leaders {
@@ -152,20 +157,49 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 			aLeaders = append(aLeaders, l)
 		}
 	}
+	x := byLoc["cluster-a/x"]
+	x1 := leaderOf(t, ctx, x...)
+	x2 := x[0]
+	if x2 == x1 {
+		x2 = x[1]
+	}
 	before := leaderHandshakes(ctx, t, leaders, true)
 	dp := harness.WatchDataPlane(ctx, 100*time.Millisecond, leaders...)
-	_, key := harness.NewKeyPair()
+	laptop, err := env.AddPeerHost(ctx, "laptop", netip.MustParseAddr("10.1.240.1"), netip.MustParseAddr("fd10:1:0:f0::1"))
+	must(t, err)
 	must(t, a.Apply(ctx, fmt.Sprintf(`{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":"laptop"},
-"spec":{"allowedIPs":["10.1.240.1/32","fd10:1:0:f0::1/128"],"publicKey":%q,"persistentKeepalive":25}}`, key)))
+"spec":{"allowedIPs":["10.1.240.1/32","fd10:1:0:f0::1/128"],"publicKey":%q,"persistentKeepalive":25}}`, laptop.Public)))
 	changed := time.Now()
 	for _, l := range aLeaders {
-		awaitPeer(t, ctx, l, key, true)
+		awaitPeer(t, ctx, l, laptop.Public, true)
 		must(t, harness.Poll(ctx, 30*time.Second, 50*time.Millisecond, l.Name+" routes the Peer's IPv6", func() (bool, error) {
 			rs, err := l.Routes(ctx)
 			return slices.ContainsFunc(rs, func(r string) bool { return strings.HasPrefix(r, "fd10:1:0:f0::1 dev kilo0") }), err
 		}))
 	}
 	took := time.Since(changed)
+	x1Key, err := x1.PublicKey(ctx)
+	must(t, err)
+	ep := netip.AddrPortFrom(x1.IP.Addr(), 51820)
+	if underlay == "IPv6" {
+		ep = netip.AddrPortFrom(x1.IP6.Addr(), 51820)
+	}
+	must(t, laptop.SetPeer(ctx, x1Key, ep.String(), []netip.Prefix{a.PodNet, a.PodNet6}))
+	laptopReaches(t, ctx, laptop, x2)
+	if underlay == "IPv6" {
+		// The laptop changes networks: x1 follows it to its new address.
+		to := netip.PrefixFrom(netip.MustParseAddr("fd00:99::f0:1"), 64)
+		must(t, laptop.MoveIPv6(ctx, to))
+		laptopReaches(t, ctx, laptop, x2)
+		must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "a-x1 follows the laptop to "+to.Addr().String(), func() (bool, error) {
+			d, err := x1.Device()
+			if err != nil || d == nil {
+				return false, err
+			}
+			return d.Peers[laptop.Public].Endpoint == netip.AddrPortFrom(to.Addr(), 51820).String(), nil
+		}))
+		report(t, "the laptop roamed to %s: a-x1's device follows it, its pods answer in both families", to.Addr())
+	}
 	reachAll(t, ctx, nodes, 10*time.Second)
 	res := dp.Stop(nil)
 	after := leaderHandshakes(ctx, t, leaders, false)
@@ -177,10 +211,25 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 		}
 		kept++
 	}
-	report(t, "a Peer of both families on every cluster-a leader in %v; the other %d of %d sessions kept their handshake after traffic in both families; %d data plane items removed in %d samples",
+	report(t, "a laptop Peer of both families on every cluster-a leader in %v, reached through a-x1; the other %d of %d sessions kept their handshake after traffic in both families; %d data plane items removed in %d samples",
 		took.Round(time.Millisecond), kept, len(before), len(res.Removed), res.Samples)
 	if len(res.Removed) > 0 {
 		t.Errorf("removed from the data plane: %s", strings.Join(res.Removed, "; "))
+	}
+}
+
+// laptopReaches checks the laptop and n's pod reach each other in both
+// families (through n's leader).
+func laptopReaches(t *testing.T, ctx context.Context, laptop *harness.PeerHost, n *harness.Node) {
+	t.Helper()
+	for _, dst := range n.PodIPs() {
+		must(t, harness.Poll(ctx, 20*time.Second, 0, "laptop → "+n.Name+" "+dst.String(), func() (bool, error) {
+			return laptop.Reachable(ctx, dst, 500*time.Millisecond), nil
+		}))
+	}
+	for _, a := range laptop.Addrs {
+		_, err := n.WaitReachable(ctx, a, 10*time.Second)
+		must(t, err)
 	}
 }
 
@@ -204,7 +253,7 @@ func leaderHandshakes(ctx context.Context, t *testing.T, leaders []*harness.Node
 }
 
 // reachAll waits until every node's pod answers every other node's pod, in
-// both families.
+// every family the nodes have.
 func reachAll(t *testing.T, ctx context.Context, nodes []*harness.Node, timeout time.Duration) {
 	t.Helper()
 	start := time.Now()
@@ -217,7 +266,7 @@ func reachAll(t *testing.T, ctx context.Context, nodes []*harness.Node, timeout 
 			if x == y {
 				continue
 			}
-			for _, dst := range []netip.Addr{y.PodIP, y.PodIP6} {
+			for _, dst := range y.PodIPs() {
 				pairs++
 				wg.Add(1)
 				go func() {
@@ -236,5 +285,121 @@ func reachAll(t *testing.T, ctx context.Context, nodes []*harness.Node, timeout 
 		sort.Strings(failed)
 		t.Fatalf("%d of %d pod pairs unreachable: %s", len(failed), pairs, strings.Join(failed, " "))
 	}
-	report(t, "%d/%d pod pairs (IPv4 and IPv6, across locations and clusters) answer, within %v", pairs, pairs, time.Since(start).Round(time.Millisecond))
+	report(t, "%d/%d pod pairs (every family, across locations and clusters) answer, within %v", pairs, pairs, time.Since(start).Round(time.Millisecond))
+}
+
+// Scenario: an IPv6-only mesh (docs/dual-stack.md#ipv6-only) — the same two
+// clusters with no IPv4 anywhere: IPv6 pod CIDRs, underlay, endpoints and
+// --subnet. Every pod reaches every other pod across locations and
+// clusters; a Peer added keeps the other sessions.
+func TestIPv6OnlyMesh(t *testing.T) {
+	env, ctx := newEnv(t)
+	start := time.Now()
+	must(t, env.Build(ctx, harness.IPv6Only()))
+	report(t, "IPv6-only mesh built and converged in %v", time.Since(start).Round(time.Millisecond))
+	nodes := env.Nodes()
+	reachAll(t, ctx, nodes, 60*time.Second)
+	var leaders []*harness.Node
+	for _, n := range nodes {
+		ann, err := n.Cluster.Annotations(ctx, n.Name)
+		must(t, err)
+		for _, k := range []string{topology.AnnotationInternalIP, topology.AnnotationEndpoint, topology.AnnotationWireGuardIP} {
+			if v := ann[k]; strings.Contains(v, ".") {
+				t.Errorf("%s publishes %s %q: IPv4 in an IPv6-only mesh", n.Name, k, v)
+			}
+		}
+		if ann[topology.AnnotationWireGuardIP] != "" {
+			leaders = append(leaders, n)
+		}
+		out, err := n.Exec(ctx, "ip", "-4", "route", "show", "table", "all", "proto", harness.RouteProtocol)
+		must(t, err)
+		if strings.TrimSpace(out) != "" {
+			t.Errorf("%s has IPv4 routes of meshlet's:\n%s", n.Name, out)
+		}
+	}
+	before := leaderHandshakes(ctx, t, leaders, true)
+	_, key := harness.NewKeyPair()
+	a := env.Cluster("cluster-a")
+	must(t, a.Apply(ctx, fmt.Sprintf(`{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":"laptop"},
+"spec":{"allowedIPs":["fd10:1:0:f0::1/128"],"publicKey":%q,"endpoint":{"dnsOrIP":{"ip":"2001:db8::7"},"port":51820},"persistentKeepalive":25}}`, key)))
+	for _, l := range leaders {
+		if l.Cluster == a {
+			awaitPeer(t, ctx, l, key, true)
+		}
+	}
+	reachAll(t, ctx, nodes, 10*time.Second)
+	after := leaderHandshakes(ctx, t, leaders, false)
+	for k, h := range before {
+		if after[k] != h {
+			t.Errorf("%s: session re-created by a one-peer change", k)
+		}
+	}
+	report(t, "a Peer with an IPv6 endpoint added on cluster-a's leaders: the other %d sessions kept their handshake", len(before))
+}
+
+// Scenario: a dual-stack cluster where location y runs kg (the stand-in,
+// which plans one family, as kg 0.7). The IPv4 mesh is whole; IPv6 flows
+// between the meshlet-led locations; the kg-led segment carries IPv4 alone:
+// meshlet's leaders leave its IPv6 out of its peer, the plan rejects it as
+// SingleFamily (an Event on the kg node) and meshlet diagnose names it.
+func TestDualStackBesideKg(t *testing.T) {
+	env, ctx := newEnv(t)
+	l := harness.DualStack()
+	l.NoMesh = true
+	l.Clusters = l.Clusters[:1]
+	l.Clusters[0].Nodes = []harness.NodeSpec{{Name: "a-x1", Location: "x"}, {Name: "a-x2", Location: "x"}, {Name: "a-z1", Location: "z"}}
+	must(t, env.Build(ctx, l))
+	a := env.Cluster("cluster-a")
+	kg, err := a.AddKgNode(ctx, "a-y1", "y")
+	must(t, err)
+	x1, x2, z1 := env.Node("a-x1"), env.Node("a-x2"), env.Node("a-z1")
+	meshletNodes := []*harness.Node{x1, x2, z1}
+	for _, n := range meshletNodes {
+		_, err := n.WaitReachable(ctx, kg.PodIP, 30*time.Second)
+		must(t, err)
+		_, err = kg.WaitReachable(ctx, n.PodIP, 30*time.Second)
+		must(t, err)
+	}
+	must(t, kg.Err())
+	reachAll(t, ctx, meshletNodes, 30*time.Second)
+
+	kgKey := kg.Key()
+	for _, l := range []*harness.Node{x1, z1} {
+		must(t, harness.Poll(ctx, 30*time.Second, 50*time.Millisecond, l.Name+"'s peer for the kg segment", func() (bool, error) {
+			d, err := l.Device()
+			if err != nil || d == nil {
+				return false, err
+			}
+			p, ok := d.Peers[kgKey]
+			if !ok {
+				return false, fmt.Errorf("no peer for a-y1")
+			}
+			if !contains(p.AllowedIPs, kg.PodCIDR.String()) {
+				return false, fmt.Errorf("peer a-y1 lacks its IPv4 pod CIDR: %v", p.AllowedIPs)
+			}
+			for _, ip := range p.AllowedIPs {
+				if strings.Contains(ip, ":") {
+					return false, fmt.Errorf("peer a-y1 carries IPv6 %s: %v", ip, p.AllowedIPs)
+				}
+			}
+			return true, nil
+		}))
+	}
+	_, err = awaitEvents(t, ctx, a, 30*time.Second, "SingleFamily on the kg leader", []eventWant{{kind: "Node", name: "a-y1",
+		reasons: []string{string(topology.ReasonSingleFamily)}, mentions: "led by kg"}})
+	must(t, err)
+	out, err := exec.CommandContext(ctx, os.Getenv("MESHLET_BIN"), "diagnose", "--kubeconfig", a.AdminKubeconfig(), "--namespace", harness.Namespace,
+		"--cluster-name", a.Name, "--subnet", a.WGSubnet.String(), "--dual-stack-subnet", a.WGSubnet6.String(), "--agents=false", "-o", "json").Output()
+	if len(out) == 0 {
+		t.Fatalf("meshlet diagnose: %v", err)
+	}
+	var fs []diagnose.Finding
+	must(t, json.Unmarshal(out, &fs))
+	if !slices.ContainsFunc(fs, func(f diagnose.Finding) bool {
+		return f.ID == diagnose.IDSingleFamilySegment && f.Subject == "node a-y1"
+	}) {
+		t.Errorf("meshlet diagnose does not name the kg-led segment (%s):\n%s", diagnose.IDSingleFamilySegment, out)
+	}
+	report(t, "dual-stack cluster with a kg-led location: IPv4 between every node and kg's, %d meshlet pod pairs in both families; the kg segment's peer carries IPv4 alone, SingleFamily Event on a-y1, diagnose names %s",
+		len(meshletNodes)*(len(meshletNodes)-1)*2, diagnose.IDSingleFamilySegment)
 }

@@ -36,6 +36,10 @@ type ClusterSpec struct {
 	// WGSubnet is meshlet's --subnet in this cluster (segment leaders'
 	// WireGuard IPs).
 	WGSubnet netip.Prefix
+	// A PodNet and WGSubnet of IPv6 make an IPv6-only cluster
+	// (docs/dual-stack.md#ipv6-only): node i gets the i-th /64 of PodNet
+	// and only an IPv6 underlay address.
+	//
 	// PodNet6, when set, makes the cluster dual-stack (docs/dual-stack.md):
 	// node i also gets the i-th /64 of it as its IPv6 pod CIDR, an IPv6
 	// underlay address beside its IPv4 one, and meshlet
@@ -175,10 +179,18 @@ func (c *Cluster) allocPodCIDR6() netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom16(a), 64)
 }
 
+// ipv6Only: the cluster's pods (and so its nodes) have IPv6 alone.
+func (c *Cluster) ipv6Only() bool { return c.PodNet.Addr().Is6() }
+
 func (c *Cluster) allocPodCIDR() netip.Prefix {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.nextPod++
+	if c.ipv6Only() {
+		a := c.PodNet.Addr().As16()
+		a[6], a[7] = byte(c.nextPod>>8), byte(c.nextPod)
+		return netip.PrefixFrom(netip.AddrFrom16(a), 64)
+	}
 	a := c.PodNet.Addr().As4()
 	a[2] = byte(c.nextPod)
 	return netip.PrefixFrom(netip.AddrFrom4(a), 24)

@@ -208,6 +208,15 @@ func (e *Env) nextHubAddr() netip.Prefix {
 // is hubAddr6 of its IPv4 one.
 var HubNet6 = netip.MustParsePrefix("fd00:99::/64")
 
+// nodad skips IPv6 duplicate address detection: the harness' addresses
+// are unique, and usable at once.
+func nodad(p netip.Prefix) []string {
+	if p.Addr().Is6() {
+		return []string{"nodad"}
+	}
+	return nil
+}
+
 func hubAddr6(v4 netip.Addr) netip.Prefix {
 	a := HubNet6.Addr().As16()
 	b := v4.As4()
@@ -229,7 +238,7 @@ func (e *Env) attachToHub(ns, ifname string, addr netip.Prefix) error {
 	}{
 		{e.Hub, []string{"link", "add", hubEnd, "type", "veth", "peer", "name", ifname, "netns", ns}},
 		{e.Hub, []string{"link", "set", hubEnd, "master", "br0", "up"}},
-		{ns, []string{"addr", "add", addr.String(), "dev", ifname}},
+		{ns, append([]string{"addr", "add", addr.String(), "dev", ifname}, nodad(addr)...)},
 		{ns, []string{"link", "set", ifname, "up"}},
 	} {
 		if err := ipn(ctx, c.ns, c.args...); err != nil {

@@ -61,6 +61,19 @@ func DualStack() Layout {
 	return Layout{Clusters: []ClusterLayout{mk("a", 1, map[string]int{"x": 2, "y": 1}), mk("b", 2, map[string]int{"z": 2})}}
 }
 
+// IPv6Only is DualStack's mesh with no IPv4 anywhere
+// (docs/dual-stack.md#ipv6-only): IPv6 pod CIDRs, underlay addresses,
+// endpoints and mesh subnets.
+func IPv6Only() Layout {
+	l := DualStack()
+	for i := range l.Clusters {
+		cs := &l.Clusters[i].ClusterSpec
+		cs.PodNet, cs.WGSubnet = cs.PodNet6, cs.WGSubnet6
+		cs.PodNet6, cs.WGSubnet6 = netip.Prefix{}, netip.Prefix{}
+	}
+	return l
+}
+
 // Build creates the clusters, the ClusterMesh with its Secrets, every node,
 // and then starts meshlet everywhere and waits until all are ready.
 func (e *Env) Build(ctx context.Context, l Layout) error {

@@ -137,10 +137,15 @@ func (r *Router) UDPMappings(ctx context.Context) string {
 // (a laptop): a namespace on the hub with a plain WireGuard device that the
 // harness configures, as the user would from `kgctl showconf peer`.
 type PeerHost struct {
-	Name    string
-	NS      string
-	IP      netip.Prefix // underlay
-	Addr    netip.Addr   // its address inside the mesh (the Peer's allowedIPs)
+	Name string
+	NS   string
+	IP   netip.Prefix // underlay
+	// IP6 is its IPv6 underlay address, when it has an IPv6 mesh address.
+	IP6  netip.Prefix
+	Addr netip.Addr // its address inside the mesh (the Peer's allowedIPs)
+	// Addrs are all its mesh addresses: Addr, then those of the other
+	// family (a dual-stack laptop).
+	Addrs   []netip.Addr
 	Private string
 	Public  string
 	WGDir   string
@@ -150,10 +155,12 @@ type PeerHost struct {
 // PeerIface is the peer host's WireGuard interface.
 const PeerIface = "wgp0"
 
-// AddPeerHost creates a peer host with mesh address addr and starts its
-// WireGuard device (listening on 51820), with no peers yet.
-func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr) (*PeerHost, error) {
-	h := &PeerHost{Name: name, NS: e.id + "-" + name, Addr: addr, env: e}
+// AddPeerHost creates a peer host with mesh address addr (and more, of the
+// other family) and starts its WireGuard device (listening on 51820), with
+// no peers yet. With an IPv6 mesh address it has an IPv6 underlay address
+// too.
+func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr, more ...netip.Addr) (*PeerHost, error) {
+	h := &PeerHost{Name: name, NS: e.id + "-" + name, Addr: addr, Addrs: append([]netip.Addr{addr}, more...), env: e}
 	h.Private, h.Public = NewKeyPair()
 	h.WGDir = filepath.Join(e.dir, "peers", name)
 	if err := os.MkdirAll(h.WGDir, 0o755); err != nil {
@@ -166,19 +173,27 @@ func (e *Env) AddPeerHost(ctx context.Context, name string, addr netip.Addr) (*P
 	if err := e.attachToHub(h.NS, "eth0", h.IP); err != nil {
 		return nil, err
 	}
+	for _, a := range h.Addrs {
+		if a.Is6() && !h.IP6.IsValid() {
+			h.IP6 = hubAddr6(h.IP.Addr())
+			if err := ipn(ctx, h.NS, "addr", "add", h.IP6.String(), "dev", "eth0", "nodad"); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if err := startDevice(ctx, e.opts.Meshlet, h.wrap, h.WGDir, PeerIface); err != nil {
 		return nil, fmt.Errorf("peer host %s: %w", name, err)
 	}
 	if err := setUAPI(h.WGDir, PeerIface, "private_key="+HexKey(h.Private), "listen_port=51820"); err != nil {
 		return nil, fmt.Errorf("peer host %s: %w", name, err)
 	}
-	for _, args := range [][]string{
-		{"addr", "add", netip.PrefixFrom(addr, 32).String(), "dev", PeerIface},
-		{"link", "set", PeerIface, "up"},
-	} {
-		if err := ipn(ctx, h.NS, args...); err != nil {
+	for _, a := range h.Addrs {
+		if err := ipn(ctx, h.NS, append([]string{"addr", "add", host(a).String(), "dev", PeerIface}, nodad(host(a))...)...); err != nil {
 			return nil, err
 		}
+	}
+	if err := ipn(ctx, h.NS, "link", "set", PeerIface, "up"); err != nil {
+		return nil, err
 	}
 	return h, nil
 }
@@ -237,10 +252,33 @@ func (h *PeerHost) SetPeer(ctx context.Context, pubKey, endpoint string, nets []
 		return fmt.Errorf("peer host %s: %w", h.Name, err)
 	}
 	for _, p := range nets {
-		if err := ipn(ctx, h.NS, "route", "replace", p.String(), "dev", PeerIface, "src", h.Addr.String()); err != nil {
+		if err := ipn(ctx, h.NS, "route", "replace", p.String(), "dev", PeerIface, "src", h.addrFor(p.Addr()).String()); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// addrFor is the peer host's mesh address of dst's family.
+func (h *PeerHost) addrFor(dst netip.Addr) netip.Addr {
+	for _, a := range h.Addrs {
+		if a.Is4() == dst.Is4() {
+			return a
+		}
+	}
+	return h.Addr
+}
+
+// MoveIPv6 gives the peer host a new IPv6 underlay address in place of the
+// old one, as a laptop that changes networks does (it roams).
+func (h *PeerHost) MoveIPv6(ctx context.Context, to netip.Prefix) error {
+	if err := ipn(ctx, h.NS, "addr", "add", to.String(), "dev", "eth0", "nodad"); err != nil {
+		return err
+	}
+	if err := ipn(ctx, h.NS, "addr", "del", h.IP6.String(), "dev", "eth0"); err != nil {
+		return err
+	}
+	h.IP6 = to
 	return nil
 }
 
@@ -250,7 +288,7 @@ func (h *PeerHost) Device() (*WGDevice, error) { return readUAPI(h.WGDir, PeerIf
 // Reachable pings dst once from the laptop's mesh address.
 func (h *PeerHost) Reachable(ctx context.Context, dst netip.Addr, wait time.Duration) bool {
 	out, _ := exec.CommandContext(ctx, "ip", "netns", "exec", h.NS, "ping", "-n", "-q", "-c", "1",
-		"-W", fmt.Sprintf("%.3f", wait.Seconds()), "-I", h.Addr.String(), dst.String()).CombinedOutput()
+		"-W", fmt.Sprintf("%.3f", wait.Seconds()), "-I", h.addrFor(dst).String(), dst.String()).CombinedOutput()
 	m := pingStats.FindStringSubmatch(string(out))
 	return m != nil && m[2] == "1"
 }

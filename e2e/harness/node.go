@@ -96,9 +96,16 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		return nil, err
 	}
 	var err error
-	if spec.Behind != nil {
+	switch {
+	case spec.Behind != nil && c.ipv6Only():
+		err = fmt.Errorf("node %s: an IPv6-only node behind a NAT router is not built", spec.Name)
+	case spec.Behind != nil:
 		n.IP, err = spec.Behind.attach(ctx, n.NS)
-	} else {
+	case c.ipv6Only():
+		// No IPv4 on the node at all: its underlay is the hub's IPv6.
+		n.IP = hubAddr6(e.nextHubAddr().Addr())
+		err = e.attachToHub(n.NS, "eth0", n.IP)
+	default:
 		n.IP = e.nextHubAddr()
 		err = e.attachToHub(n.NS, "eth0", n.IP)
 	}
@@ -107,7 +114,7 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	}
 	n.PodCIDR = c.allocPodCIDR()
 	n.PodIP = n.PodCIDR.Addr().Next()
-	if err := ipn(ctx, n.NS, "addr", "add", netip.PrefixFrom(n.PodIP, 32).String(), "dev", "lo"); err != nil {
+	if err := ipn(ctx, n.NS, append([]string{"addr", "add", host(n.PodIP).String(), "dev", "lo"}, nodad(host(n.PodIP))...)...); err != nil {
 		return nil, err
 	}
 	pods, internal := []netip.Prefix{n.PodCIDR}, []netip.Addr{n.IP.Addr()}
@@ -119,7 +126,7 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 		n.PodCIDR6 = c.allocPodCIDR6()
 		n.PodIP6 = n.PodCIDR6.Addr().Next()
 		// nodad: the addresses are unique here, and usable at once.
-		for _, a := range [][]string{{n.IP6.String(), "dev", "eth0"}, {netip.PrefixFrom(n.PodIP6, 128).String(), "dev", "lo"}} {
+		for _, a := range [][]string{{n.IP6.String(), "dev", "eth0"}, {host(n.PodIP6).String(), "dev", "lo"}} {
 			if err := ipn(ctx, n.NS, append(append([]string{"addr", "add"}, a...), "nodad")...); err != nil {
 				return nil, err
 			}
@@ -547,11 +554,21 @@ func (n *Node) Ping(ctx context.Context, dst netip.Addr, count int, interval, wa
 
 // podIP is the node's pod address of dst's family.
 func (n *Node) podIP(dst netip.Addr) netip.Addr {
-	if dst.Is6() {
+	if dst.Is6() && n.PodIP6.IsValid() {
 		return n.PodIP6
 	}
 	return n.PodIP
 }
+
+// PodIPs are the node's pod addresses: IPv4, IPv6, or both.
+func (n *Node) PodIPs() []netip.Addr {
+	if n.PodIP6.IsValid() {
+		return []netip.Addr{n.PodIP, n.PodIP6}
+	}
+	return []netip.Addr{n.PodIP}
+}
+
+func host(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 // Reachable reports whether one ping (from the pod address) gets a reply
 // within wait.

@@ -40,7 +40,7 @@ var pingReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] \d+ bytes from [^ ]+: icmp
 // StartPinger starts pinging dst from n every interval (each reply waited
 // for up to a second).
 func (n *Node) StartPinger(ctx context.Context, dst netip.Addr, interval time.Duration) (*Pinger, error) {
-	return startPinger(ctx, "node "+n.Name, n.NS, n.PodIP, dst, interval)
+	return startPinger(ctx, "node "+n.Name, n.NS, n.podIP(dst), dst, interval)
 }
 
 // StartPinger starts pinging dst from the peer host's mesh address every
