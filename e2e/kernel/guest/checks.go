@@ -31,6 +31,8 @@ var planSteps = []string{
 	"worker-kilo0-down-no-peers",
 	"worker-route-via-cilium_tunl",
 	"pod-ping-worker-to-remote",
+	"pod-ping6-worker-to-remote",
+	"pod-ping6-remote-to-worker",
 	"traffic-via-leader",
 	"remote-handshake-with-leader",
 	"leader-return-rule-table-1107",
@@ -104,6 +106,8 @@ func datapathSteps(ctx context.Context, r *reporter, ks keys, ps map[string]topo
 	}) {
 		diagnose(ctx)
 	}
+	r.step("pod-ping6-worker-to-remote", func() error { return pingUntil(ctx, podNS(workerNode), remoteNode.Pod6.String()) })
+	r.step("pod-ping6-remote-to-worker", func() error { return pingUntil(ctx, podNS(remoteNode), workerNode.Pod6.String()) })
 	r.step("traffic-via-leader", func() error { return checkTrafficViaLeader(ctx, remotePod) })
 	r.step("remote-handshake-with-leader", func() error {
 		_, err := handshakes(ctx, ks, true)

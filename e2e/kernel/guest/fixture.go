@@ -81,6 +81,8 @@ func setupFixture(ctx context.Context) error {
 		add("link", "set", "u-"+ns, "master", "br0", "up")
 		add("-n", ns, "addr", "add", n.Private.String(), "dev", underlay)
 		add("-n", ns, "addr", "add", fmt.Sprintf("%s/%d", n.Public, publicNet.Bits()), "dev", underlay)
+		// nodad: unique here, and usable at once.
+		add("-n", ns, "addr", "add", n.Private6.String(), "dev", underlay, "nodad")
 		add("-n", ns, "link", "set", underlay, "up")
 
 		// cilium_host/cilium_net are a veth pair in Cilium too;
@@ -120,6 +122,12 @@ func setupFixture(ctx context.Context) error {
 			add("-n", pod, "route", "add", "default", "via", n.CiliumHost.Addr().String(), "dev", "eth0", "onlink")
 			add("-n", ns, "link", "set", "lxc0", "up")
 			add("-n", ns, "route", "add", n.Pod.String()+"/32", "dev", "lxc0")
+			// IPv6: the pod's default route via the node's link-local
+			// fe80::1 on lxc0, a /128 to the pod on the node.
+			add("-n", pod, "addr", "add", n.Pod6.String()+"/128", "dev", "eth0", "nodad")
+			add("-n", ns, "addr", "add", "fe80::1/64", "dev", "lxc0", "nodad")
+			add("-n", pod, "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0")
+			add("-n", ns, "-6", "route", "add", n.Pod6.String()+"/128", "dev", "lxc0")
 		}
 	}
 	// Cilium's native routing inside location a (auto-direct-node-routes):
@@ -128,6 +136,8 @@ func setupFixture(ctx context.Context) error {
 	// carry the IPIP outer packets to the cilium_host addresses.
 	add("-n", leaderNode.Name, "route", "add", workerNode.PodCIDR.String(), "via", workerNode.Private.Addr().String(), "dev", underlay)
 	add("-n", workerNode.Name, "route", "add", leaderNode.PodCIDR.String(), "via", leaderNode.Private.Addr().String(), "dev", underlay)
+	add("-n", leaderNode.Name, "-6", "route", "add", workerNode.PodCIDR6.String(), "via", workerNode.Private6.Addr().String(), "dev", underlay)
+	add("-n", workerNode.Name, "-6", "route", "add", leaderNode.PodCIDR6.String(), "via", leaderNode.Private6.Addr().String(), "dev", underlay)
 
 	// The worker refuses mesh replies to its private IP that arrive on the
 	// underlay instead of the tunnel (iif eth0 from location b). This
@@ -150,8 +160,13 @@ func setupFixture(ctx context.Context) error {
 	// Cilium nodes forward; meshlet asserts it too, but the pods' traffic
 	// must not depend on the order.
 	for _, n := range scenarioNodes {
-		if _, err := inNS(ctx, n.Name, busybox, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"); err != nil {
-			return err
+		// keep_addr_on_down: the power-off step takes eth0 down and up,
+		// which would flush its IPv6 addresses for good; a node that
+		// boots again configures them again.
+		for _, s := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1", "net.ipv6.conf." + underlay + ".keep_addr_on_down=1"} {
+			if _, err := inNS(ctx, n.Name, busybox, "sysctl", "-q", "-w", s); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

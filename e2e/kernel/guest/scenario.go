@@ -24,6 +24,12 @@ import (
 // IP, the cni-compatibility-ip), and worker and remote have a pod: a network
 // namespace behind a veth, like a Cilium endpoint.
 //
+// The cluster is dual-stack (docs/dual-stack.md): every node also has an
+// IPv6 private address on its location's IPv6 subnet (the two subnets share
+// the bridge, nothing routes between them), an IPv6 pod CIDR, and the pods
+// an IPv6 address; IPv6 reaches the leader on the underlay (IPIP carries
+// IPv4 alone) and crosses locations through kilo0.
+//
 // The remote site is a second location of the same cluster rather than a
 // second cluster: the datapath under test (non-leader -> IPIP -> leader ->
 // kilo0 -> remote, replies through table 1107) is the same, and one
@@ -50,7 +56,14 @@ type nodeDef struct {
 	PodCIDR    netip.Prefix
 	// Pod is the address of the node's pod namespace; zero = no pod.
 	Pod netip.Addr
+	// Private6, PodCIDR6 and Pod6 are the same of IPv6.
+	Private6, PodCIDR6 netip.Prefix
+	Pod6               netip.Addr
 }
+
+// version is what every agent of the scenario publishes as meshlet.io/version:
+// the plans the guest computes are those of nodes that run meshlet.
+const version = "kernel-lane"
 
 var publicNet = netip.MustParsePrefix("198.51.100.0/24")
 
@@ -61,6 +74,8 @@ var (
 		Public:     netip.MustParseAddr("198.51.100.10"),
 		CiliumHost: netip.MustParsePrefix("10.244.0.1/32"),
 		PodCIDR:    netip.MustParsePrefix("10.244.0.0/24"),
+		Private6:   netip.MustParsePrefix("fd00:a::10/64"),
+		PodCIDR6:   netip.MustParsePrefix("fd10:244::/64"),
 	}
 	workerNode = nodeDef{
 		Name: "worker", Location: "a",
@@ -69,6 +84,9 @@ var (
 		CiliumHost: netip.MustParsePrefix("10.244.1.1/32"),
 		PodCIDR:    netip.MustParsePrefix("10.244.1.0/24"),
 		Pod:        netip.MustParseAddr("10.244.1.10"),
+		Private6:   netip.MustParsePrefix("fd00:a::11/64"),
+		PodCIDR6:   netip.MustParsePrefix("fd10:244:0:1::/64"),
+		Pod6:       netip.MustParseAddr("fd10:244:0:1::10"),
 	}
 	remoteNode = nodeDef{
 		Name: "remote", Location: "b",
@@ -77,6 +95,9 @@ var (
 		CiliumHost: netip.MustParsePrefix("10.244.2.1/32"),
 		PodCIDR:    netip.MustParsePrefix("10.244.2.0/24"),
 		Pod:        netip.MustParseAddr("10.244.2.10"),
+		Private6:   netip.MustParsePrefix("fd00:b::20/64"),
+		PodCIDR6:   netip.MustParsePrefix("fd10:244:0:2::/64"),
+		Pod6:       netip.MustParseAddr("fd10:244:0:2::10"),
 	}
 	scenarioNodes = []nodeDef{leaderNode, workerNode, remoteNode}
 )
@@ -91,13 +112,14 @@ func (n nodeDef) endpoint() string {
 // settings are the agent flags of the scenario (Cozystack's Kilo setup).
 func settings() topology.Settings {
 	return topology.Settings{
-		Interface:     "kilo0",
-		Granularity:   topology.GranularityLocation,
-		Subnet:        netip.MustParsePrefix("10.4.0.0/16"),
-		Port:          wgPort,
-		Encapsulate:   topology.EncapsulateCrossSubnet,
-		Local:         false,
-		Compatibility: topology.CompatibilityCilium,
+		Interface:       "kilo0",
+		Granularity:     topology.GranularityLocation,
+		Subnet:          netip.MustParsePrefix("10.4.0.0/16"),
+		DualStackSubnet: netip.MustParsePrefix("fd4b::/64"),
+		Port:            wgPort,
+		Encapsulate:     topology.EncapsulateCrossSubnet,
+		Local:           false,
+		Compatibility:   topology.CompatibilityCilium,
 	}
 }
 
@@ -126,17 +148,20 @@ func snapshot(ks keys, now time.Time) topology.Snapshot {
 	var nodes []topology.Node
 	for _, n := range scenarioNodes {
 		nodes = append(nodes, topology.Node{
-			Name:               n.Name,
-			LocationAnnotation: n.Location,
-			Leader:             n.Leader,
-			Endpoint:           n.endpoint(),
-			InternalIP:         n.Private,
-			PublicKey:          ks.public(n.Name),
-			PodCIDRs:           []netip.Prefix{n.PodCIDR},
-			LastSeen:           now,
-			Granularity:        topology.GranularityLocation,
-			CNICompatibilityIP: n.CiliumHost,
-			Ready:              true,
+			Name:                n.Name,
+			LocationAnnotation:  n.Location,
+			Leader:              n.Leader,
+			Endpoint:            n.endpoint(),
+			InternalIP:          n.Private,
+			PublicKey:           ks.public(n.Name),
+			PodCIDRs:            []netip.Prefix{n.PodCIDR},
+			LastSeen:            now,
+			Granularity:         topology.GranularityLocation,
+			CNICompatibilityIP:  n.CiliumHost,
+			Ready:               true,
+			DualStackPodCIDR:    n.PodCIDR6,
+			DualStackInternalIP: n.Private6,
+			MeshletVersion:      version,
 		})
 	}
 	return topology.Snapshot{Now: now, Settings: settings(), Nodes: nodes}
@@ -148,9 +173,10 @@ func self(n nodeDef, ks keys) topology.Self {
 		Name:             n.Name,
 		PublicKey:        ks.public(n.Name),
 		DefaultInterface: underlay,
-		Addresses:        []topology.HostAddress{{Interface: underlay, Prefix: n.Private}},
+		Addresses:        []topology.HostAddress{{Interface: underlay, Prefix: n.Private}, {Interface: underlay, Prefix: n.Private6}},
 		CiliumHostIP:     n.CiliumHost,
 		TunnelDevice:     tunnelDev,
+		Version:          version,
 	}
 	if ap, err := netip.ParseAddrPort(n.endpoint()); err == nil && ap.Addr() != n.Private.Addr() {
 		s.Addresses = append(s.Addresses, topology.HostAddress{Interface: underlay, Prefix: netip.PrefixFrom(ap.Addr(), 32)})

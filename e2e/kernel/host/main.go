@@ -59,15 +59,20 @@ type node struct {
 	public              netip.Addr   // WireGuard endpoint address
 	ciliumHost, podCIDR netip.Prefix
 	leader              bool // the segment leader the scenario expects
+	// private6 and podCIDR6: the node's IPv6 (a dual-stack cluster).
+	private6, podCIDR6 netip.Prefix
 }
 
 var nodes = []node{
 	{"leader", "a", netip.MustParsePrefix("192.168.1.10/24"), netip.MustParseAddr("198.51.100.10"),
-		netip.MustParsePrefix("10.244.0.1/32"), netip.MustParsePrefix("10.244.0.0/24"), true},
+		netip.MustParsePrefix("10.244.0.1/32"), netip.MustParsePrefix("10.244.0.0/24"), true,
+		netip.MustParsePrefix("fd00:a::10/64"), netip.MustParsePrefix("fd10:244::/64")},
 	{"worker", "a", netip.MustParsePrefix("192.168.1.11/24"), netip.MustParseAddr("198.51.100.11"),
-		netip.MustParsePrefix("10.244.1.1/32"), netip.MustParsePrefix("10.244.1.0/24"), false},
+		netip.MustParsePrefix("10.244.1.1/32"), netip.MustParsePrefix("10.244.1.0/24"), false,
+		netip.MustParsePrefix("fd00:a::11/64"), netip.MustParsePrefix("fd10:244:0:1::/64")},
 	{"remote", "b", netip.MustParsePrefix("192.168.2.20/24"), netip.MustParseAddr("198.51.100.20"),
-		netip.MustParsePrefix("10.244.2.1/32"), netip.MustParsePrefix("10.244.2.0/24"), true},
+		netip.MustParsePrefix("10.244.2.1/32"), netip.MustParsePrefix("10.244.2.0/24"), true,
+		netip.MustParsePrefix("fd00:b::20/64"), netip.MustParsePrefix("fd10:244:0:2::/64")},
 }
 
 var steps = []string{"host-node-annotations", "host-wireguard-ip-leaders-only"}
@@ -205,7 +210,7 @@ func createNode(ctx context.Context, cs kubernetes.Interface, n node) error {
 		ObjectMeta: metav1.ObjectMeta{Name: n.name,
 			Labels:      map[string]string{"kubernetes.io/hostname": n.name},
 			Annotations: map[string]string{topology.AnnotationLocation: n.location}},
-		Spec: corev1.NodeSpec{PodCIDR: n.podCIDR.String(), PodCIDRs: []string{n.podCIDR.String()}},
+		Spec: corev1.NodeSpec{PodCIDR: n.podCIDR.String(), PodCIDRs: []string{n.podCIDR.String(), n.podCIDR6.String()}},
 	}
 	created, err := cs.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
@@ -213,7 +218,7 @@ func createNode(ctx context.Context, cs kubernetes.Interface, n node) error {
 	}
 	now := metav1.Now()
 	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.private.Addr().String()},
-		{Type: corev1.NodeHostName, Address: n.name}}
+		{Type: corev1.NodeInternalIP, Address: n.private6.Addr().String()}, {Type: corev1.NodeHostName, Address: n.name}}
 	created.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
 		Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
 	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
@@ -335,6 +340,7 @@ func checkAnnotations(dir string, n node, ann map[string]string) error {
 	want(topology.AnnotationKey, k.PublicKey().String())
 	want(topology.AnnotationEndpoint, netip.AddrPortFrom(n.public, 51820).String())
 	want(topology.AnnotationInternalIP, n.private.String())
+	want(topology.AnnotationDualStackInternalIP, n.private6.String())
 	want(topology.AnnotationCNICompatibilityIP, n.ciliumHost.String())
 	want(topology.AnnotationGranularity, "location")
 	want(topology.AnnotationLocation, n.location)
