@@ -26,15 +26,16 @@ import (
 // IPv6 to their leader on the underlay: IPIP carries IPv4 alone). Then a
 // Peer with allowed IPs of both families is added: only that peer and its
 // routes change on the leaders, every other session keeps its handshake.
-// Run once with WireGuard over the IPv4 underlay (the nodes' discovered
-// endpoints) and once over the IPv6 underlay (force-endpoint on each
-// node's IPv6 address).
+// Run with WireGuard over the IPv4 underlay (the nodes' discovered
+// endpoints), over the IPv6 underlay (force-endpoint on each node's IPv6
+// address), and with cluster-b behind a NAT router for IPv4 while its IPv6
+// is routed (its keepalive in the ClusterMesh, as for any NATed cluster).
 func TestDualStackMesh(t *testing.T) {
-	for _, underlay := range []string{"IPv4", "IPv6"} {
+	for _, underlay := range []string{"IPv4", "IPv6", "IPv4-NAT"} {
 		t.Run(underlay+"-underlay", func(t *testing.T) {
 			env, ctx := newEnv(t)
 			start := time.Now()
-			must(t, buildDualStack(ctx, env, underlay == "IPv6"))
+			must(t, buildDualStack(ctx, env, underlay))
 			report(t, "dual-stack mesh over the %s underlay built and converged in %v", underlay, time.Since(start).Round(time.Millisecond))
 			checkDualStack(t, ctx, env, underlay)
 		})
@@ -42,10 +43,21 @@ func TestDualStackMesh(t *testing.T) {
 }
 
 // buildDualStack is env.Build(harness.DualStack()), with the nodes'
-// endpoints on their IPv6 underlay addresses when v6 is set (the
-// force-endpoint a user would set), before any meshlet starts.
-func buildDualStack(ctx context.Context, env *harness.Env, v6 bool) error {
+// endpoints on their IPv6 underlay addresses for the IPv6 underlay (the
+// force-endpoint a user would set), or cluster-b behind a NAT router for
+// IPv4-NAT, before any meshlet starts.
+func buildDualStack(ctx context.Context, env *harness.Env, underlay string) error {
 	l := harness.DualStack()
+	if underlay == "IPv4-NAT" {
+		r, err := env.AddRouter(ctx, "r1")
+		if err != nil {
+			return err
+		}
+		l.Clusters[1].Keepalive = 1
+		for i := range l.Clusters[1].Nodes {
+			l.Clusters[1].Nodes[i].Behind = r
+		}
+	}
 	var clusters []*harness.Cluster
 	for _, cl := range l.Clusters {
 		c, err := env.AddCluster(ctx, cl.ClusterSpec)
@@ -64,7 +76,7 @@ func buildDualStack(ctx context.Context, env *harness.Env, v6 bool) error {
 			if err != nil {
 				return err
 			}
-			if v6 {
+			if underlay == "IPv6" {
 				ep := netip.AddrPortFrom(n.IP6.Addr(), 51820).String()
 				if err := n.Cluster.PatchNodeAnnotations(ctx, n.Name, map[string]*string{topology.AnnotationForceEndpoint: &ep}); err != nil {
 					return err
@@ -119,6 +131,18 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 			t.Errorf("leader %s: meshlet status names neither its IPv6 WireGuard IP %s nor its IPv6 private IP %s:\n%s", l.Name, wg6, l.IP6, out)
 		}
 	}
+	if underlay == "IPv4-NAT" {
+		// IPv6 is routed: the nodes behind the router answer on their own
+		// IPv6 addresses, from the hub, outside the mesh.
+		x1 := env.Node("a-x1")
+		for _, n := range nodes {
+			if n.Behind != nil {
+				if out, err := x1.Exec(ctx, "ping", "-n", "-c", "1", "-W", "2", n.IP6.Addr().String()); err != nil {
+					t.Errorf("a-x1 → %s's routed IPv6 %s on the underlay: %v\n%s", n.Name, n.IP6.Addr(), err, out)
+				}
+			}
+		}
+	}
 	for _, n := range nodes {
 		m, err := n.Metrics(ctx)
 		must(t, err)
@@ -141,8 +165,12 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 					t.Errorf("leader %s: peer %s lacks %s's pod CIDRs %s, %s: %v", l.Name, o.Name, n.Name, n.PodCIDR, n.PodCIDR6, p.AllowedIPs)
 				}
 			}
-			if ep, err := netip.ParseAddrPort(p.Endpoint); err != nil || ep.Addr().Is6() != (underlay == "IPv6") {
+			ep, err := netip.ParseAddrPort(p.Endpoint)
+			if err != nil || ep.Addr().Is6() != (underlay == "IPv6") {
 				t.Errorf("leader %s: peer %s at %q, want an %s endpoint", l.Name, o.Name, p.Endpoint, underlay)
+			}
+			if natted := o.Behind != nil; natted && (l.Behind != nil || ep.Addr() != o.Behind.WAN.Addr()) {
+				t.Errorf("leader %s: peer %s at %q, want its router's address %s (IPv4 NAT)", l.Name, o.Name, p.Endpoint, o.Behind.WAN.Addr())
 			}
 		}
 	}

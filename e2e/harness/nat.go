@@ -18,13 +18,17 @@ import (
 // Router is a NAT router namespace: "wan" on the hub bridge, a "lan" bridge
 // for the nodes behind it, nft masquerade, a forward policy that lets in
 // only established/related traffic, and short UDP conntrack timeouts
-// (docs/testing.md, "NAT") so an idle mapping expires in seconds.
+// (docs/testing.md, "NAT") so an idle mapping expires in seconds. IPv6 is
+// routed, not translated: a dual-stack node behind it has an address of
+// the hub's IPv6 network, which the router answers for on the hub (proxy
+// NDP) and forwards, both ways.
 type Router struct {
 	Name string
 	NS   string
 	WAN  netip.Prefix
 	LAN  netip.Prefix
 	env  *Env
+	idx  int
 	mu   sync.Mutex
 	n    int
 }
@@ -45,6 +49,8 @@ table inet meshlet_e2e_filter {
 		# br_netfilter is loaded (bridge-nf-call-iptables, a kernel-wide
 		# module a container runtime loads).
 		iifname "lan" oifname "lan" accept
+		# IPv6 is routed, both ways.
+		meta nfproto ipv6 accept
 	}
 }
 `
@@ -55,7 +61,7 @@ func (e *Env) AddRouter(ctx context.Context, name string) (*Router, error) {
 	e.routers++
 	idx := e.routers
 	e.mu.Unlock()
-	r := &Router{Name: name, NS: e.id + "-" + name, env: e,
+	r := &Router{Name: name, NS: e.id + "-" + name, env: e, idx: idx,
 		LAN: netip.MustParsePrefix(fmt.Sprintf("192.168.%d.1/24", 100+idx))}
 	if err := e.addNetns(r.NS); err != nil {
 		return nil, err
@@ -67,6 +73,8 @@ func (e *Env) AddRouter(ctx context.Context, name string) (*Router, error) {
 	for _, args := range [][]string{
 		{"link", "add", "lan", "type", "bridge"},
 		{"addr", "add", r.LAN.String(), "dev", "lan"},
+		{"addr", "add", "fe80::1/64", "dev", "lan", "nodad"},
+		{"addr", "add", hubAddr6(r.WAN.Addr()).String(), "dev", "wan", "nodad"},
 		{"link", "set", "lan", "up"},
 	} {
 		if err := ipn(ctx, r.NS, args...); err != nil {
@@ -79,6 +87,8 @@ func (e *Env) AddRouter(ctx context.Context, name string) (*Router, error) {
 	// The conntrack sysctls exist once the ruleset above loaded conntrack.
 	for k, v := range map[string]string{
 		"net.ipv4.ip_forward":                           "1",
+		"net.ipv6.conf.all.forwarding":                  "1",
+		"net.ipv6.conf.wan.proxy_ndp":                   "1",
 		"net.netfilter.nf_conntrack_udp_timeout":        "2",
 		"net.netfilter.nf_conntrack_udp_timeout_stream": "4",
 	} {
@@ -109,6 +119,31 @@ func (r *Router) attach(ctx context.Context, ns string) (netip.Prefix, error) {
 		{ns, []string{"addr", "add", addr.String(), "dev", "eth0"}},
 		{ns, []string{"link", "set", "eth0", "up"}},
 		{ns, []string{"route", "add", "default", "via", r.LAN.Addr().String()}},
+	} {
+		if err := ipn(ctx, c.ns, c.args...); err != nil {
+			return netip.Prefix{}, err
+		}
+	}
+	return addr, nil
+}
+
+// attach6 gives a node behind the router (attach first) a routed IPv6
+// address of the hub's network, its IPv6 default route through the router.
+func (r *Router) attach6(ctx context.Context, ns string) (netip.Prefix, error) {
+	r.mu.Lock()
+	idx := r.n
+	r.mu.Unlock()
+	a := HubNet6.Addr().As16()
+	a[12], a[13], a[15] = 0xf0, byte(r.idx), byte(idx)
+	addr := host(netip.AddrFrom16(a))
+	for _, c := range []struct {
+		ns   string
+		args []string
+	}{
+		{ns, []string{"addr", "add", addr.String(), "dev", "eth0", "nodad"}},
+		{ns, []string{"-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"}},
+		{r.NS, []string{"-6", "neigh", "add", "proxy", addr.Addr().String(), "dev", "wan"}},
+		{r.NS, []string{"-6", "route", "add", addr.String(), "dev", "lan"}},
 	} {
 		if err := ipn(ctx, c.ns, c.args...); err != nil {
 			return netip.Prefix{}, err

@@ -119,14 +119,19 @@ func (c *Cluster) AddNode(ctx context.Context, spec NodeSpec) (*Node, error) {
 	}
 	pods, internal := []netip.Prefix{n.PodCIDR}, []netip.Addr{n.IP.Addr()}
 	if c.PodNet6.IsValid() {
+		var addrs [][]string
 		if spec.Behind != nil {
-			return nil, fmt.Errorf("node %s: a dual-stack node behind a NAT router is not built yet", spec.Name)
+			if n.IP6, err = spec.Behind.attach6(ctx, n.NS); err != nil {
+				return nil, err
+			}
+		} else {
+			n.IP6 = hubAddr6(n.IP.Addr())
+			addrs = append(addrs, []string{n.IP6.String(), "dev", "eth0"})
 		}
-		n.IP6 = hubAddr6(n.IP.Addr())
 		n.PodCIDR6 = c.allocPodCIDR6()
 		n.PodIP6 = n.PodCIDR6.Addr().Next()
 		// nodad: the addresses are unique here, and usable at once.
-		for _, a := range [][]string{{n.IP6.String(), "dev", "eth0"}, {host(n.PodIP6).String(), "dev", "lo"}} {
+		for _, a := range append(addrs, []string{host(n.PodIP6).String(), "dev", "lo"}) {
 			if err := ipn(ctx, n.NS, append(append([]string{"addr", "add"}, a...), "nodad")...); err != nil {
 				return nil, err
 			}
