@@ -57,6 +57,11 @@ type Lane struct {
 	Bins   Bins
 	Prefix string // netns name prefix
 	Logf   func(format string, args ...any)
+	// DualStack makes the cluster dual-stack (docs/dual-stack.md): IPv6 on
+	// the underlay, both families of service and cluster CIDRs, and the
+	// controller manager allocating each node a pod CIDR of each family
+	// (set before Network).
+	DualStack bool
 
 	cpNS   string
 	tokens map[string]string
@@ -67,9 +72,18 @@ type Lane struct {
 // Node is one kubelet + containerd in its own network namespace.
 type Node struct {
 	Name, NS, IP, PodCIDR string
-	Dir                   string
-	Index                 int
+	// IP6 is the node's IPv6 underlay address (a dual-stack lane).
+	IP6   string
+	Dir   string
+	Index int
 }
+
+// The dual-stack lane's IPv6 underlay, service and cluster CIDRs.
+const (
+	cpIP6        = "fd00:250::1"
+	serviceCIDRs = "10.0.0.0/24,fd00:10::/112"
+	clusterCIDRs = "10.251.0.0/16,fd10:251::/56"
+)
 
 // NewLane makes the lane's directory; nothing runs yet.
 func NewLane(dir string, bins Bins, logf func(string, ...any)) *Lane {
@@ -98,6 +112,9 @@ func (l *Lane) Network(nodes int) error {
 		{"ip", "-n", l.cpNS, "addr", "add", cpIP + "/24", "dev", "br0"},
 		{"ip", "-n", l.cpNS, "link", "set", "br0", "up"},
 	}
+	if l.DualStack {
+		cmds = append(cmds, []string{"ip", "-n", l.cpNS, "addr", "add", cpIP6 + "/64", "dev", "br0", "nodad"})
+	}
 	for i := 1; i <= nodes; i++ {
 		n := &Node{Index: i, Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", l.Prefix, i),
 			IP: fmt.Sprintf("10.250.0.%d", 10+i), PodCIDR: fmt.Sprintf("%s%d.0/24", podCIDRBase, i), Dir: l.path(fmt.Sprintf("node%d", i))}
@@ -114,6 +131,11 @@ func (l *Lane) Network(nodes int) error {
 			[]string{"ip", "-n", n.NS, "link", "set", "lo", "up"},
 			[]string{"ip", "-n", n.NS, "route", "add", "default", "via", cpIP},
 		)
+		if l.DualStack {
+			n.IP6 = fmt.Sprintf("fd00:250::%d", 10+i)
+			cmds = append(cmds, []string{"ip", "-n", n.NS, "addr", "add", n.IP6 + "/64", "dev", "eth0", "nodad"},
+				[]string{"ip", "-n", n.NS, "-6", "route", "add", "default", "via", cpIP6})
+		}
 	}
 	for _, c := range cmds {
 		if err := run(c...); err != nil {
@@ -335,6 +357,14 @@ func (l *Lane) KubePrism(ctx context.Context, n *Node) (*atomic.Int64, error) {
 	return &carried, nil
 }
 
+// serviceCIDRs is the API server's --service-cluster-ip-range.
+func (l *Lane) serviceCIDRs() string {
+	if l.DualStack {
+		return serviceCIDRs
+	}
+	return "10.0.0.0/24"
+}
+
 // ControlPlane starts etcd, kube-apiserver (Pod Security baseline enforced
 // outside kube-system, as Talos does), kube-controller-manager,
 // kube-scheduler and a registry, and waits for the API server.
@@ -357,7 +387,7 @@ func (l *Lane) ControlPlane(ctx context.Context) error {
 		"--token-auth-file="+p("tokens.csv"), "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--admission-control-config-file="+l.path("admission.yaml"),
 		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.0.0.0/24",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range="+l.serviceCIDRs(),
 		"--kubelet-client-certificate="+p("apiserver-kubelet-client.crt"), "--kubelet-client-key="+p("apiserver-kubelet-client.key"),
 		// Else kubectl logs/exec dial the node by name, which resolves nowhere.
 		"--kubelet-preferred-address-types=InternalIP,Hostname",
@@ -375,10 +405,16 @@ func (l *Lane) ControlPlane(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := l.start("kube-controller-manager", filepath.Join(nb, "kube-controller-manager"),
-		"--kubeconfig="+l.path("kcm.kubeconfig"), "--service-account-private-key-file="+p("sa.key"),
-		"--root-ca-file="+p("ca.crt"), "--leader-elect=false", "--use-service-account-credentials=false",
-		"--bind-address=127.0.0.1", "--v=1"); err != nil {
+	kcm := []string{"--kubeconfig=" + l.path("kcm.kubeconfig"), "--service-account-private-key-file=" + p("sa.key"),
+		"--root-ca-file=" + p("ca.crt"), "--leader-elect=false", "--use-service-account-credentials=false",
+		"--bind-address=127.0.0.1", "--v=1"}
+	if l.DualStack {
+		// Node IPAM: a pod CIDR of each family per node, as kubeadm's
+		// dual-stack clusters have them.
+		kcm = append(kcm, "--allocate-node-cidrs=true", "--cluster-cidr="+clusterCIDRs, "--node-cidr-mask-size-ipv4=24",
+			"--node-cidr-mask-size-ipv6=64", "--service-cluster-ip-range="+serviceCIDRs)
+	}
+	if err := l.start("kube-controller-manager", filepath.Join(nb, "kube-controller-manager"), kcm...); err != nil {
 		return err
 	}
 	if err := l.start("kube-scheduler", filepath.Join(nb, "kube-scheduler"),

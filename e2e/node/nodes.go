@@ -35,7 +35,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{{dir}}/cni"
-  [plugins."io.containerd.grpc.v1.cri".registry]
+{{cni-template}}  [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{{dir}}/certs.d"
 `
 
@@ -86,6 +86,21 @@ const cniConflist = `{
 }
 `
 
+// The pod network of a dual-stack node: containerd writes it from the pod
+// CIDRs the controller manager allocated, as kubelet reports them (the
+// CRI's conf_template), one host-local range per family.
+const cniTemplate = `{
+  "cniVersion": "1.0.0",
+  "name": "e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [{{range $i, $r := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$r}}"}]{{end}}],
+              "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
 func fill(tmpl string, kv ...string) string {
 	return strings.NewReplacer(kv...).Replace(tmpl)
 }
@@ -94,7 +109,7 @@ func fill(tmpl string, kv ...string) string {
 // kubelet in its namespaces (node.sh).
 func (l *Lane) StartNode(ctx context.Context, n *Node, labels string) error {
 	kv := []string{"{{dir}}", n.Dir, "{{name}}", n.Name, "{{ip}}", n.IP, "{{registry}}", registry,
-		"{{ca}}", l.path("pki", "ca.crt"), "{{podcidr}}", n.PodCIDR}
+		"{{ca}}", l.path("pki", "ca.crt"), "{{podcidr}}", n.PodCIDR, "{{cni-template}}", ""}
 	files := map[string]string{
 		"containerd.toml":                     fill(containerdConfig, kv...),
 		"kubelet.yaml":                        fill(kubeletConfig, kv...),
@@ -103,6 +118,13 @@ func (l *Lane) StartNode(ctx context.Context, n *Node, labels string) error {
 		"certs.d/" + registry + "/hosts.toml": fill(hostsTOML, append(kv, "{{upstream}}", registry)...),
 		"node-ip":                             n.IP,
 		"node-labels":                         labels,
+	}
+	if l.DualStack {
+		delete(files, "cni/10-bridge.conflist")
+		kv[len(kv)-1] = `    conf_template = "` + filepath.Join(n.Dir, "cni-template.json") + `"` + "\n"
+		files["containerd.toml"] = fill(containerdConfig, kv...)
+		files["cni-template.json"] = cniTemplate
+		files["node-ip"] = n.IP + "," + n.IP6
 	}
 	for name, content := range files {
 		p := filepath.Join(n.Dir, name)
