@@ -17,6 +17,7 @@ import (
 	"github.com/meshlet/meshlet/agent/core/diagnose"
 	"github.com/meshlet/meshlet/agent/core/topology"
 	"github.com/meshlet/meshlet/e2e/harness"
+	"github.com/meshlet/meshlet/netlinkx"
 )
 
 // Scenario: a dual-stack mesh (docs/dual-stack.md) — two clusters, three
@@ -206,6 +207,19 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 		}))
 	}
 	took := time.Since(changed)
+	// NAT per family: traffic from the Peer is masqueraded except to the
+	// mesh, in ip6tables as in iptables (the chain exists for a Peer).
+	for _, l := range aLeaders {
+		must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, l.Name+"'s IPv6 NAT for the Peer", func() (bool, error) {
+			chain, err := l.Exec(ctx, "ip6tables", "-t", "nat", "-S", netlinkx.ChainNAT)
+			if err != nil {
+				return false, err
+			}
+			jumps, err := l.Exec(ctx, "ip6tables", "-t", "nat", "-S", "POSTROUTING")
+			return strings.Contains(chain, "-d "+l.PodCIDR6.String()+" -j RETURN") && strings.Contains(jumps, "-s fd10:1:0:f0::1/128 -j "+netlinkx.ChainNAT),
+				fmt.Errorf("%v:\n%s\n%s", err, chain, jumps)
+		}))
+	}
 	x1Key, err := x1.PublicKey(ctx)
 	must(t, err)
 	ep := netip.AddrPortFrom(x1.IP.Addr(), 51820)
