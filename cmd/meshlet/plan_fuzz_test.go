@@ -26,6 +26,8 @@ var planFuzzFlags = [][]string{
 	{"--mesh-granularity=cross", "--encapsulate=always"},
 	{"--local=false", "--compatibility=cilium", "--encapsulate=crosssubnet", "--subnet=100.66.0.0/16", "--tunnel-device=cilium_tunl"},
 	{"--cluster-name", "cluster-b", "--encapsulate=never"},
+	{"--dual-stack-subnet=fd4b::/64"},
+	{"--subnet=fd4b::/64", "--local=false", "--compatibility=cilium", "--encapsulate=crosssubnet"},
 }
 
 // FuzzPlanInput feeds `meshlet plan` its input files (what kubectl prints
@@ -45,6 +47,13 @@ func FuzzPlanInput(f *testing.F) {
 	f.Add(a, b, uint8(0), uint8(0))
 	f.Add(a, b, uint8(1), uint8(3))
 	f.Add(b, a, uint8(0), uint8(4))
+	for i, file := range []string{"testdata/cluster-dual.yaml", "testdata/cluster-v6.yaml"} {
+		d, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(d, a, uint8(1), uint8(5+i))
+	}
 	// The kilo-compat cases: the objects Kilo 0.7 was run on, as JSON.
 	files, _ := filepath.Glob("testdata/kilo-compat/*.json")
 	for i, file := range files {
