@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,6 +74,7 @@ var agentSteps = []string{
 	"return-rule-needed",
 	"leader-restart-session-kept",
 	"rolling-restart-under-ping",
+	"encapsulate-always-dual-stack",
 	"leader-power-off-failover",
 	"agents-stopped-dataplane-kept",
 }
@@ -84,10 +86,13 @@ type agentProc struct {
 }
 
 type agentDriver struct {
-	dir   string // /run/meshlet: per-node key, log
-	kc    string // kubeconfig
-	procs map[string]*agentProc
-	exits map[string][]string // node -> exit status of every stopped meshlet
+	// always runs the agents in Kilo's default modes instead of
+	// Cozystack's (encapsulateAlways).
+	always bool
+	dir    string // /run/meshlet: per-node key, log
+	kc     string // kubeconfig
+	procs  map[string]*agentProc
+	exits  map[string][]string // node -> exit status of every stopped meshlet
 }
 
 func (d *agentDriver) logPath(n nodeDef) string { return filepath.Join(d.dir, n.Name, "meshlet.log") }
@@ -105,9 +110,9 @@ func (d *agentDriver) args(n nodeDef) []string {
 		"--internal-cidr=" + n.Private.String(),
 		"--internal-cidr=" + n.Private6.String(),
 		"--dual-stack-subnet=" + settings().DualStackSubnet.String(),
-		"--compatibility=cilium",
-		"--encapsulate=crosssubnet",
-		"--local=false",
+		"--compatibility=" + compatibility(d.always),
+		"--encapsulate=" + encapsulate(d.always),
+		"--local=" + strconv.FormatBool(d.always),
 		"--mesh-granularity=location",
 		"--subnet=" + settings().Subnet.String(),
 		"--port=" + strconv.Itoa(wgPort),
@@ -116,6 +121,20 @@ func (d *agentDriver) args(n nodeDef) []string {
 		"--status-socket=" + filepath.Join(d.dir, n.Name, "status.sock"),
 		"--log-level=info",
 	}
+}
+
+func compatibility(always bool) string {
+	if always {
+		return ""
+	}
+	return "cilium"
+}
+
+func encapsulate(always bool) string {
+	if always {
+		return "always"
+	}
+	return "crosssubnet"
 }
 
 // start starts meshlet in node n's namespace (`ip netns exec` execs it, so
@@ -637,6 +656,101 @@ func rollingRestart(ctx context.Context, d *agentDriver, ps map[string]topology.
 	return leaseHolder(ctx, leaderNode)
 }
 
+// encapsulateAlways restarts every agent in Kilo's default modes
+// (--encapsulate=always --local=true, no Cilium compatibility) on the same
+// dual-stack nodes without Cilium's cilium_tunl: the worker sends IPv4 to
+// its leader's private IP through IPIP (tunl0, the kernel's) and IPv6 on
+// the underlay to the leader's IPv6 private IP (IPIP carries IPv4 alone:
+// docs/dual-stack.md#encapsulation); both families answer both ways. Then
+// cilium_tunl is back and the agents go back to Cozystack's modes and
+// their data plane, whatever happened.
+func encapsulateAlways(ctx context.Context, d *agentDriver, ps map[string]topology.Plan) (err error) {
+	restart := func(always bool) error {
+		d.always = always
+		for _, n := range scenarioNodes {
+			if err := d.stop(ctx, n); err != nil {
+				return err
+			}
+			if err := d.start(n); err != nil {
+				return err
+			}
+		}
+		for _, n := range scenarioNodes {
+			if err := d.waitReady(ctx, n, 60*time.Second); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tunl := func(add bool) error {
+		for _, n := range scenarioNodes {
+			args := []string{"-n", n.Name, "link", "del", tunnelDev}
+			if add {
+				args = []string{"-n", n.Name, "link", "add", tunnelDev, "type", "ipip", "local", n.CiliumHost.Addr().String()}
+			}
+			if _, err := ip(ctx, args...); err != nil {
+				return err
+			}
+			if add {
+				if _, err := ip(ctx, "-n", n.Name, "link", "set", tunnelDev, "up"); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	defer func() {
+		back := tunl(true)
+		if back == nil {
+			back = restart(false)
+		}
+		if back != nil || err != nil {
+			err = errors.Join(err, back)
+			return
+		}
+		err = poll(ctx, pollTimeout, func() error {
+			return errors.Join(checkWorkerRoute(ctx), checkKernelDevice(ctx, leaderNode, ps[leaderNode.Name]),
+				pingAll(ctx, podNS(workerNode), remoteNode.Pod6.String(), 1))
+		})
+	}()
+	if err := tunl(false); err != nil {
+		return err
+	}
+	if err := restart(true); err != nil {
+		return err
+	}
+	if err := poll(ctx, pollTimeout, func() error {
+		return errors.Join(routeVia(ctx, workerNode, remoteNode.PodCIDR, leaderNode.Private.Addr(), topology.TunnelIPIP),
+			routeVia(ctx, workerNode, remoteNode.PodCIDR6, leaderNode.Private6.Addr(), underlay))
+	}); err != nil {
+		return fmt.Errorf("--encapsulate=always: %w", err)
+	}
+	for _, p := range [][2]string{{podNS(workerNode), remoteNode.Pod.String()}, {podNS(workerNode), remoteNode.Pod6.String()},
+		{podNS(remoteNode), workerNode.Pod.String()}, {podNS(remoteNode), workerNode.Pod6.String()}} {
+		if err := pingUntil(ctx, p[0], p[1]); err != nil {
+			return fmt.Errorf("--encapsulate=always, %s -> %s: %w", p[0], p[1], err)
+		}
+	}
+	info("--encapsulate=always --local=true: worker -> remote through IPIP (IPv4) and the underlay (IPv6), both ways")
+	return nil
+}
+
+// routeVia: node n's route to dst is meshlet's, via gw on dev.
+func routeVia(ctx context.Context, n nodeDef, dst netip.Prefix, gw netip.Addr, dev string) error {
+	family := "-4"
+	if dst.Addr().Is6() {
+		family = "-6"
+	}
+	var rs []ipRoute
+	if err := ipJSON(ctx, &rs, "-n", n.Name, family, "route", "show", dst.String()); err != nil {
+		return err
+	}
+	if len(rs) != 1 || rs[0].Dev != dev || rs[0].Gateway != gw.String() || fmt.Sprint(rs[0].Protocol) != "109" {
+		return fmt.Errorf("%s route to %s: %+v, want via %s dev %s proto 109", n.Name, dst, rs, gw, dev)
+	}
+	return nil
+}
+
 func runAgentMode() int {
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioTimeout)
 	defer cancel()
@@ -811,6 +925,7 @@ func runAgentMode() int {
 	})
 
 	r.step("rolling-restart-under-ping", func() error { return rollingRestart(ctx, d, ps) })
+	r.step("encapsulate-always-dual-stack", func() error { return encapsulateAlways(ctx, d, ps) })
 
 	// After the power-off the worker leads location a: the plans of the
 	// same scenario with the Lease's mark on worker.
