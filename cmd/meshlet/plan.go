@@ -181,6 +181,13 @@ func planObjects(f *planFlags, node string, portSet bool, local cluster.Objects,
 	if err != nil {
 		return planned{}, snap.Now, err
 	}
+	// The node's annotations as the dump has them: what the agent would
+	// find published (its heartbeat, what an earlier run left).
+	for _, n := range local.Nodes {
+		if n.Name == node {
+			snap.Published = n.Annotations
+		}
+	}
 	return planned{Plan: planner.Compute(snap, self), Assumed: assumed}, snap.Now, nil
 }
 
