@@ -194,6 +194,19 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 	}
 	before := leaderHandshakes(ctx, t, leaders, true)
 	dp := harness.WatchDataPlane(ctx, 100*time.Millisecond, leaders...)
+	// Pod to pod across the clusters, in both families, 10 times a second
+	// while the change lands.
+	zs := byLoc["cluster-b/z"]
+	far := zs[len(zs)-1]
+	var pingers []*harness.Pinger
+	for _, dst := range far.PodIPs() {
+		p, err := x2.StartPinger(ctx, dst, 100*time.Millisecond)
+		must(t, err)
+		must(t, harness.Poll(ctx, 10*time.Second, 50*time.Millisecond, "pings a-x2 → "+dst.String()+" answered", func() (bool, error) {
+			return p.Replied(time.Now().Add(-time.Second)), nil
+		}))
+		pingers = append(pingers, p)
+	}
 	laptop, err := env.AddPeerHost(ctx, "laptop", netip.MustParseAddr("10.1.240.1"), netip.MustParseAddr("fd10:1:0:f0::1"))
 	must(t, err)
 	must(t, a.Apply(ctx, fmt.Sprintf(`{"apiVersion":"kilo.squat.ai/v1alpha1","kind":"Peer","metadata":{"name":"laptop"},
@@ -244,6 +257,14 @@ func checkDualStack(t *testing.T, ctx context.Context, env *harness.Env, underla
 	}
 	reachAll(t, ctx, nodes, 10*time.Second)
 	res := dp.Stop(nil)
+	for i, p := range pingers {
+		tl := p.Stop()
+		report(t, "pod to pod a-x2 → %s %s under the change: %d of %d pings lost, longest gap %v", far.Name, far.PodIPs()[i], tl.Lost, tl.Sent,
+			tl.LongestGap().Round(10*time.Millisecond))
+		if tl.Lost > 1 {
+			t.Errorf("a-x2 → %s %s: %d of %d pings lost under a one-peer change", far.Name, far.PodIPs()[i], tl.Lost, tl.Sent)
+		}
+	}
 	after := leaderHandshakes(ctx, t, leaders, false)
 	kept := 0
 	for k, h := range before {
